@@ -1,0 +1,69 @@
+"""The small interface every backend implements: bring nodes up, take them down.
+
+A backend knows how to make N machines that run sshd with the host keys it is given, and
+how to remove them again from nothing but the cluster's record (so a later process can
+reap a cluster whose owner died).  Keys, SSH configs, the agent and the runner are shared.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_sky.resources import Resources
+from pytest_sky.ssh.keys import ClusterKeys
+from pytest_sky.state import ClusterRecord
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    rank: int
+    name: str  # "head", "worker1", ...
+    hostname: str  # "<cluster>-head", "<cluster>-worker1", ...
+    ip: str  # internal address: what SKYPILOT_NODE_IPS lists
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    name: str
+    num_nodes: int
+    resources: Resources
+    keys: ClusterKeys
+    cluster_dir: Path  # private to this cluster; the backend may keep files here
+    #: Given every node's address, the files each node's home needs (path relative to the
+    #: home -> (content, mode)).  Backends call it once the addresses are known.
+    node_files: Callable[[list[NodeAddress]], dict[str, tuple[bytes, int]]]
+    #: Persist the record now: called as soon as something exists that must be reaped.
+    checkpoint: Callable[[ClusterRecord], None]
+
+
+class Backend(ABC):
+    name: str
+    cloud_label: str  # "Local", "Kubernetes": what status shows in the resources column
+
+    @abstractmethod
+    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+        """Refuse a request this backend can never satisfy, before anything is created."""
+
+    @abstractmethod
+    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
+        """Start every node with its host key and files; return once every sshd answers.
+
+        Fills ``record`` (backend_data, head_host, python) with what ``destroy`` and the
+        runner need, saving it through ``record``'s owner as it goes; on failure it removes
+        what it made before raising.
+        """
+
+    @abstractmethod
+    def destroy(self, record: ClusterRecord) -> None:
+        """Remove everything of the cluster; tolerate parts that are already gone."""
+
+    def forward_env(self) -> dict[str, str]:
+        """Environment every rank gets from this backend (the local one forwards PATH)."""
+        return {}
+
+    @abstractmethod
+    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
+        """Copy ``workdir`` to every node's ``~/sky_workdir`` and each file mount to its path."""

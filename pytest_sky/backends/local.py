@@ -1,0 +1,334 @@
+"""The local backend: a cluster of namespace nodes on this machine (DESIGN.md section 5).
+
+Each cluster owns one /24 of 198.18.0.0/15 and one bridge named after it (``psky<index>``);
+its nodes are ``<cluster>-head`` at ``.2`` and ``<cluster>-worker<i>`` at ``.2+i``, each a
+``netns`` node running sshd.  The nodes share this machine's filesystem, so they see the
+same Python and tools as the test that launched them; each has its own home.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pytest_sky.backends import netns
+from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.errors import ProvisionError, ResourcesError
+from pytest_sky.resources import Resources
+from pytest_sky.ssh.keys import write_private
+from pytest_sky.state import ClusterRecord
+
+log = logging.getLogger(__name__)
+
+NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s
+MAX_NODES = 250
+DEFAULT_MTU = 65535  # at 1500 gloo over veth is 30-40 % slower than loopback (DESIGN.md 5)
+READY_TIMEOUT = 60.0
+
+
+def subnet_of(index: int) -> tuple[str, str]:
+    """(``198.18.x.0/24``, ``198.18.x.``) for subnet ``index``."""
+    base = f"198.{18 + index // 256}.{index % 256}."
+    return base + "0/24", base
+
+
+def bridge_name(index: int) -> str:
+    return f"{netns.LINK_PREFIX}{index}"
+
+
+def veth_name(index: int, rank: int) -> str:
+    return f"{netns.LINK_PREFIX}{index}n{rank}"
+
+
+def node_hostname(cluster: str, rank: int) -> str:
+    return f"{cluster}-head" if rank == 0 else f"{cluster}-worker{rank}"
+
+
+def node_short_name(rank: int) -> str:
+    return "head" if rank == 0 else f"worker{rank}"
+
+
+def hosts_file(nodes: list[NodeAddress]) -> str:
+    """Every node by name, also in ``::ffff:`` form: gloo binds to what the hostname resolves
+    to, and torch's c10d store reverse-resolves IPv4-mapped peers (else a 1 s DNS wait)."""
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    for n in nodes:
+        lines.append(f"{n.ip} {n.hostname} {n.name}" if n.rank else f"{n.ip} {n.hostname}")
+    for n in nodes:
+        lines.append(f"::ffff:{n.ip} {n.hostname}")
+    return "\n".join(lines) + "\n"
+
+
+def passwd_with_home(home: Path) -> str:
+    """The host's /etc/passwd with root's home moved: sshd takes home from getpwnam."""
+    out = []
+    for line in Path("/etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) >= 7 and fields[0] == "root":
+            fields[5] = str(home)
+            fields[6] = "/bin/bash"
+            line = ":".join(fields)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def sshd_config(ip: str, host_key: Path, path_env: str) -> str:
+    return "\n".join(
+        [
+            f"ListenAddress {ip}:22",
+            f"HostKey {host_key}",
+            "PidFile /run/sshd.pid",
+            "AuthorizedKeysFile .ssh/authorized_keys",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "StrictModes yes",
+            "UsePAM no",
+            "UseDNS no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            # The default 10:30:100 dropped 12 of 200 concurrent connections (DESIGN.md 5).
+            "MaxStartups 100:30:200",
+            "MaxSessions 100",
+            "X11Forwarding no",
+            "AllowAgentForwarding no",
+            "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com",
+            "ClientAliveInterval 5",
+            "ClientAliveCountMax 3",
+            # Nodes share the host's filesystem: a run should find the tools pytest runs with.
+            f"SetEnv PATH={path_env}",
+            "Subsystem sftp internal-sftp",
+            "LogLevel ERROR",
+            "",
+        ]
+    )
+
+
+class LocalBackend(Backend):
+    name = "local"
+    cloud_label = "Local"
+
+    def __init__(self, mtu: int | None = None, ready_timeout: float = READY_TIMEOUT) -> None:
+        self.mtu = int(mtu or os.environ.get("PYTEST_SKY_MTU") or DEFAULT_MTU)
+        if not 1280 <= self.mtu <= 65535:
+            raise ProvisionError(f"MTU must be between 1280 and 65535, got {self.mtu} (PYTEST_SKY_MTU)")
+        self.ready_timeout = ready_timeout
+        self._nodes: dict[str, list[netns.NodeProcess]] = {}
+
+    # -- interface -------------------------------------------------------------------------
+
+    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+        if num_nodes > MAX_NODES:
+            raise ResourcesError(
+                f"num_nodes={num_nodes} is more than the local backend's {MAX_NODES} nodes per cluster"
+            )
+        if resources.accelerators is not None and not _host_gpus():
+            raise ResourcesError(
+                f"resources.accelerators={resources.accelerators} but this machine has no GPU; "
+                "drop the accelerator request or run on a machine (or --kubernetes cluster) with GPUs"
+            )
+        netns.require_privileges()
+        netns.require_tools()
+        netns.check_forward_policy()
+
+    def forward_env(self) -> dict[str, str]:
+        """The interpreter pytest runs under comes first on every node's PATH, activated or not,
+        so ``python`` and ``torchrun`` in a run section are the test's own."""
+        bindir = os.path.dirname(sys.executable)
+        path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bindir]
+        env = {"PATH": os.pathsep.join([bindir, *path])}
+        if sys.prefix != sys.base_prefix:
+            env["VIRTUAL_ENV"] = sys.prefix
+        elif os.environ.get("VIRTUAL_ENV"):
+            env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
+        return env
+
+    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
+        tools = netns.require_tools()
+        index = self._lease_subnet(tools["ip"])
+        subnet, base = subnet_of(index)
+        record.backend_data = {
+            "index": index,
+            "bridge": bridge_name(index),
+            "veths": [veth_name(index, r) for r in range(request.num_nodes)],
+            "nodes": [],
+        }
+        record.head_host = base + "2"
+        record.python = sys.executable
+        request.checkpoint(record)
+        try:
+            nodes = [
+                NodeAddress(
+                    rank=r, name=node_short_name(r), hostname=node_hostname(request.name, r), ip=f"{base}{2 + r}"
+                )
+                for r in range(request.num_nodes)
+            ]
+            specs = self._write_node_dirs(request, nodes, index)
+            started = netns.start_nodes(
+                specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
+            )
+            self._nodes[request.name] = started
+            record.backend_data["nodes"] = [
+                {
+                    "pid": n.pid,
+                    "init_pid": n.init_pid,
+                    "start_time": netns.process_start_time(n.pid),
+                    "log": str(n.log_path),
+                }
+                for n in started
+            ]
+            request.checkpoint(record)
+            self._wait_ready(started)
+            return nodes
+        except BaseException:
+            self.destroy(record)
+            raise
+
+    def destroy(self, record: ClusterRecord) -> None:
+        data = record.backend_data or {}
+        tools = netns.require_tools()
+        started = self._nodes.pop(record.name, None)
+        if started is not None:
+            netns.stop_nodes(tools["ip"], started)
+        else:
+            netns.delete_links(tools["ip"], data.get("veths", []))
+            pids: list[int] = []
+            for node in data.get("nodes", []):
+                if netns.is_alive(node["pid"], node.get("start_time")):
+                    init = node.get("init_pid") or 0
+                    if init and _is_child_of(init, node["pid"]):
+                        pids.append(init)
+                    pids.append(node["pid"])
+            netns.kill_and_wait(pids)
+        if data.get("bridge"):
+            netns.delete_links(tools["ip"], [data["bridge"]])
+
+    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
+        homes = [Path(n["log"]).parent / "home" for n in record.backend_data.get("nodes", [])]
+        for home in homes:
+            if workdir:
+                _copy(Path(workdir), home / "sky_workdir")
+            for remote, local in file_mounts.items():
+                if remote.startswith("~/"):
+                    _copy(Path(local), home / remote[2:])
+        for remote, local in file_mounts.items():
+            if not remote.startswith("~/"):
+                _copy(Path(local), Path(remote))  # one shared filesystem: one copy serves all
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _lease_subnet(self, ip: str) -> int:
+        mtu = self.mtu
+        start = random.randrange(NUM_SUBNETS)
+        for step in range(NUM_SUBNETS):
+            index = (start + step) % NUM_SUBNETS
+            if netns.link_exists(bridge_name(index)):
+                continue
+            subnet, base = subnet_of(index)
+            if netns.create_bridge(ip, bridge_name(index), base + "1", 24, subnet, mtu):
+                return index
+        raise ProvisionError(
+            f"all {NUM_SUBNETS} local cluster subnets are in use: tear clusters down with "
+            "`pytest-sky down --all` (or look for psky* bridges with `ip link`)"
+        )
+
+    def _write_node_dirs(self, request: ProvisionRequest, nodes: list[NodeAddress], index: int) -> list[netns.NodeSpec]:
+        files = request.node_files(nodes)
+        hosts = hosts_file(nodes)
+        path_env = self.forward_env()["PATH"]
+        specs = []
+        for node in nodes:
+            root = request.cluster_dir / "nodes" / str(node.rank)
+            if root.exists():
+                shutil.rmtree(root)
+            (root / "etc").mkdir(parents=True, mode=0o700)
+            home = root / "home"
+            home.mkdir(mode=0o700)
+            (root / "etc" / "passwd").write_text(passwd_with_home(home))
+            (root / "etc" / "hosts").write_text(hosts)
+            os.chmod(root / "etc" / "passwd", 0o644)
+            os.chmod(root / "etc" / "hosts", 0o644)
+            host_key = root / "ssh_host_ed25519_key"
+            write_private(host_key, request.keys.hosts[node.rank].private_openssh)
+            (root / "sshd_config").write_text(sshd_config(node.ip, host_key, path_env))
+            for rel, (content, mode) in files.items():
+                dest = home / rel
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if mode & 0o077 == 0:
+                    write_private(dest, content)
+                else:
+                    dest.write_bytes(content)
+                    os.chmod(dest, mode)
+            specs.append(
+                netns.NodeSpec(hostname=node.hostname, ip=node.ip, root=root, veth=veth_name(index, node.rank))
+            )
+        return specs
+
+    def _wait_ready(self, started: list[netns.NodeProcess]) -> None:
+        """Every sshd has sent its banner: the real signal, no sleeps standing in for it."""
+        deadline = time.monotonic() + self.ready_timeout
+        errors: dict[str, str] = {}
+
+        def wait_one(node: netns.NodeProcess) -> None:
+            delay = 0.002
+            while True:
+                if node.popen is not None and node.popen.poll() is not None:
+                    errors[node.hostname] = f"node exited: {netns.tail(node.log_path) or 'no output'}"
+                    return
+                try:
+                    with socket.create_connection((node.ip, 22), timeout=max(0.1, deadline - time.monotonic())) as s:
+                        if s.recv(64).startswith(b"SSH-"):
+                            return
+                except OSError as exc:
+                    if exc.errno not in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, None):
+                        errors[node.hostname] = str(exc)
+                        return
+                if time.monotonic() >= deadline:
+                    errors[node.hostname] = (
+                        f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
+                    )
+                    return
+                # connection refused: sshd is still starting; retry on a short back-off
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+        threads = [threading.Thread(target=wait_one, args=(n,), daemon=True) for n in started]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            first = sorted(errors.items())[0]
+            raise ProvisionError(f"node {first[0]} did not come up: {first[1]}")
+
+
+def _is_child_of(pid: int, parent: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat[stat.rindex(")") + 2 :].split()[1]) == parent
+
+
+def _host_gpus() -> list[str]:
+    return sorted(p.name for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """Replace ``dest`` with a copy of ``src`` (a file or a directory tree)."""
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dest, symlinks=True)
+    else:
+        shutil.copy2(src, dest)

@@ -1,0 +1,424 @@
+"""Namespace nodes: the primitive under the local backend (and the emulator's kubelet).
+
+A node is one process tree started by ``unshare`` in fresh network, UTS, mount and PID
+namespaces, with OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster
+bridge, a private ``/run`` and bind-mounted ``/etc/passwd`` and ``/etc/hosts``.
+
+Why not ``ip netns add``: a named namespace is a bind mount under ``/run/netns`` that every
+later node's mount namespace copies, which keeps deleted namespaces (and their veths)
+alive until those nodes die.  An anonymous namespace lives exactly as long as the node's
+processes, so killing the node's first process releases everything but the bridge.
+
+Why shell ``ip`` rather than pyroute2: measured faster here (DESIGN.md section 5), and the
+in-node part has to run inside the namespaces anyway, where a shell script is the cheapest
+thing to start.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_sky.errors import BackendUnavailableError, ProvisionError
+
+log = logging.getLogger(__name__)
+
+#: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
+LINK_PREFIX = "psky"
+
+# Runs inside the new namespaces.  It reports that unshare(2) has happened (so the host can
+# move the veth into the namespace of its parent's pid), waits for the host to say the link
+# is there, configures the node and becomes sshd.
+_NODE_INIT = r"""
+echo ready
+read go || exit 1
+exec 2>>"$PSKY_LOG" </dev/null
+set -e
+hostname "$PSKY_HOSTNAME"
+ip -batch - <<EOF
+link set lo up
+addr add $PSKY_IP/$PSKY_PREFIXLEN dev eth0
+link set eth0 up
+route change $PSKY_SUBNET dev eth0 proto kernel scope link src $PSKY_IP quickack 1
+EOF
+mount -t tmpfs -o mode=755,size=64m psky-run /run
+mkdir -m 755 /run/sshd
+mount --bind "$PSKY_ROOT/etc/passwd" /etc/passwd
+mount --bind "$PSKY_ROOT/etc/hosts" /etc/hosts
+for m in $PSKY_EXTRA_MOUNTS; do
+  src=${m%%=*}; dst=${m#*=}
+  mkdir -p "$dst"
+  mount --bind "$src" "$dst"
+done
+echo configured
+exec "$PSKY_SSHD" -D -e -f "$PSKY_ROOT/sshd_config" >>"$PSKY_LOG"
+"""
+
+
+@dataclass
+class NodeSpec:
+    """What one node needs before it starts; the files under ``root`` are written by the caller."""
+
+    hostname: str
+    ip: str
+    root: Path  # holds etc/passwd, etc/hosts, sshd_config; the node's log goes here too
+    veth: str  # host-side link name, at most 15 characters
+    extra_mounts: dict[str, str] = field(default_factory=dict)  # host path -> node path
+
+
+@dataclass
+class NodeProcess:
+    """A started node: the pid of the ``unshare`` process (in the node's network namespace)
+    and the pid of the node's first process (sshd, pid 1 inside the node)."""
+
+    hostname: str
+    ip: str
+    veth: str
+    pid: int
+    init_pid: int
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+
+def require_tools() -> dict[str, str]:
+    """Absolute paths of the programs a node needs, or a one-line error naming the package."""
+    needed = {"ip": "iproute2", "unshare": "util-linux", "mount": "mount", "sshd": "openssh-server"}
+    found: dict[str, str] = {}
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
+    missing = []
+    for tool, package in needed.items():
+        path = shutil.which(tool, path=search)
+        if path is None:
+            missing.append(package)
+        else:
+            found[tool] = path
+    if missing:
+        raise BackendUnavailableError(
+            f"the local backend needs {', '.join(sorted(set(missing)))}: "
+            f"run `apt-get install -y {' '.join(sorted(set(missing)))}` (or `bash scripts/setup.sh`)"
+        )
+    return found
+
+
+def require_privileges() -> None:
+    """Namespaces and links need CAP_NET_ADMIN and CAP_SYS_ADMIN; say so before touching anything."""
+    cap_eff = 0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                cap_eff = int(line.split()[1], 16)
+    except OSError:
+        pass
+    net_admin, sys_admin = 1 << 12, 1 << 21
+    if cap_eff & net_admin and cap_eff & sys_admin:
+        return
+    raise BackendUnavailableError(
+        "the local backend needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network "
+        "namespaces: run pytest as root (e.g. `sudo -E env PATH=$PATH pytest ...`) "
+        "or use --kubernetes"
+    )
+
+
+def forward_policy_problem(bridge_nf_call_iptables: str | None, iptables_rules: str | None) -> str | None:
+    """Why bridged traffic between nodes would be dropped on this host, or None.
+
+    With ``br_netfilter`` loaded and ``bridge-nf-call-iptables`` on, frames crossing a bridge
+    go through the iptables FORWARD chain; Docker hosts set its policy to DROP, which silently
+    cuts head-to-worker traffic.  Kept pure so it is testable without such a host.
+    """
+    if (bridge_nf_call_iptables or "").strip() != "1" or not iptables_rules:
+        return None
+    lines = iptables_rules.splitlines()
+    if "-P FORWARD DROP" not in lines and "-P FORWARD REJECT" not in lines:
+        return None
+    if any(line.startswith("-A FORWARD") and f"-i {LINK_PREFIX}" in line and "ACCEPT" in line for line in lines):
+        return None
+    return (
+        "this host's iptables FORWARD policy drops bridged traffic (br_netfilter is loaded), so "
+        "cluster nodes could not reach each other: run `iptables -I FORWARD -i psky+ -o psky+ -j ACCEPT` "
+        "or `sysctl -w net.bridge.bridge-nf-call-iptables=0`"
+    )
+
+
+def check_forward_policy() -> None:
+    try:
+        nf = Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text()
+    except OSError:
+        return  # br_netfilter not loaded: bridged frames never see iptables
+    iptables = shutil.which("iptables", path=os.pathsep.join(["/usr/sbin", "/sbin", os.environ.get("PATH", "")]))
+    if iptables is None:
+        return
+    try:
+        rules = subprocess.run(
+            [iptables, "-S", "FORWARD"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    problem = forward_policy_problem(nf, rules)
+    if problem:
+        raise BackendUnavailableError(problem)
+
+
+def ip_batch(ip: str, commands: Iterable[str], *, force: bool = False) -> str:
+    """Run many ``ip`` commands in one process; returns stderr (non-empty only on errors)."""
+    script = "\n".join(commands) + "\n"
+    argv = [ip, "-force", "-batch", "-"] if force else [ip, "-batch", "-"]
+    proc = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0 and not force:
+        raise ProvisionError(
+            f"ip failed: {proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else proc.returncode}"
+        )
+    return proc.stderr
+
+
+def link_exists(name: str) -> bool:
+    return os.path.exists(f"/sys/class/net/{name}")
+
+
+def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int) -> bool:
+    """Create the cluster's bridge; False when the name is taken (another process holds it).
+
+    Creating the link is atomic in the kernel, which makes the bridge name a race-free lease
+    on its subnet across processes, xdist workers and state directories alike.
+    """
+    proc = subprocess.run(
+        [ip, "link", "add", name, "mtu", str(mtu), "type", "bridge"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if proc.returncode != 0:
+        if "exists" in proc.stderr:
+            return False
+        raise ProvisionError(f"could not create bridge {name}: {proc.stderr.strip()}")
+    try:
+        # Bridged frames between nodes of one cluster; no STP delay, no forwarding delay.
+        Path(f"/sys/class/net/{name}/bridge/forward_delay").write_text("0")
+        ip_batch(
+            ip,
+            [
+                f"addr add {address}/{prefixlen} dev {name}",
+                f"link set {name} up",
+                f"route change {subnet} dev {name} proto kernel scope link src {address} quickack 1",
+            ],
+        )
+    except BaseException:
+        delete_links(ip, [name])
+        raise
+    return True
+
+
+def delete_links(ip: str, names: Sequence[str]) -> None:
+    """Delete links that exist; a link already gone is fine (teardown is idempotent)."""
+    present = [n for n in names if link_exists(n)]
+    if present:
+        ip_batch(ip, [f"link del {n}" for n in present], force=True)
+
+
+def start_nodes(
+    specs: Sequence[NodeSpec],
+    *,
+    bridge: str,
+    prefixlen: int,
+    subnet: str,
+    mtu: int,
+    tools: dict[str, str],
+) -> list[NodeProcess]:
+    """Start every node, wire it to the bridge and let it exec sshd.
+
+    Returns once every node has its address and mounts and is exec'ing sshd; the caller
+    waits for the SSH banners.  (Dialling a node before its address exists costs a 1 s ARP
+    retry, hence the handshake.)  On any failure the nodes already started are stopped.
+    """
+    started: list[NodeProcess] = []
+    try:
+        for spec in specs:
+            started.append(_spawn(spec, prefixlen=prefixlen, subnet=subnet, tools=tools))
+        for node in started:
+            _await_ready(node)
+        commands = []
+        for node in started:
+            commands.append(f"link add {node.veth} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {node.pid}")
+            commands.append(f"link set {node.veth} master {bridge} up")
+        ip_batch(tools["ip"], commands)
+        for node in started:
+            assert node.popen is not None and node.popen.stdin is not None
+            node.popen.stdin.write(b"go\n")
+            node.popen.stdin.close()
+        for node in started:
+            _await_line(node, b"configured", "configure its network and mounts")
+        return started
+    except BaseException:
+        stop_nodes(tools["ip"], started)
+        raise
+
+
+def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, tools: dict[str, str]) -> NodeProcess:
+    log_path = spec.root / "node.log"
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PSKY_LOG": str(log_path),
+        "PSKY_HOSTNAME": spec.hostname,
+        "PSKY_IP": spec.ip,
+        "PSKY_PREFIXLEN": str(prefixlen),
+        "PSKY_SUBNET": subnet,
+        "PSKY_ROOT": str(spec.root),
+        "PSKY_SSHD": tools["sshd"],
+        "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),
+    }
+    argv = [
+        tools["unshare"],
+        "--net",
+        "--uts",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--propagation",
+        "private",
+        "--kill-child=SIGKILL",
+        "/bin/sh",
+        "-c",
+        _NODE_INIT,
+        f"psky-node:{spec.root}",
+    ]
+    # A session of its own: Ctrl-C in the terminal reaches pytest, which tears nodes down
+    # in order, instead of killing them under it.
+    with open(log_path, "ab") as log_file:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return NodeProcess(
+        hostname=spec.hostname,
+        ip=spec.ip,
+        veth=spec.veth,
+        pid=popen.pid,
+        init_pid=0,
+        log_path=log_path,
+        popen=popen,
+    )
+
+
+def _await_line(node: NodeProcess, expected: bytes, what: str, timeout: float = 30.0) -> None:
+    """Read one line the node's init script prints at a milestone (the real signal)."""
+    assert node.popen is not None and node.popen.stdout is not None
+    fd = node.popen.stdout.fileno()
+    line = b""
+    deadline = time.monotonic() + timeout
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 64) if ready else b""
+        if not chunk:
+            break
+        line += chunk
+    if line.strip() != expected:
+        raise ProvisionError(f"node {node.hostname} did not {what}: {tail(node.log_path) or 'no output'}")
+
+
+def _await_ready(node: NodeProcess) -> None:
+    _await_line(node, b"ready", "start its namespaces")
+    node.init_pid = _child_pid(node.pid)
+
+
+def _child_pid(pid: int) -> int:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0
+    return int(children[0]) if children else 0
+
+
+def tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid it names one
+    process for good, so a recycled pid is never mistaken for a node of ours."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None  # a zombie is dead for our purposes; this host's pid 1 reaps late
+    return int(fields[19])
+
+
+def is_alive(pid: int, start_time: int | None = None) -> bool:
+    now = process_start_time(pid)
+    return now is not None and (start_time is None or now == start_time)
+
+
+def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
+    """SIGKILL each pid and wait (pidfd, no polling) until it is gone; returns the survivors."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        if pid <= 0:
+            continue
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except OSError:
+            continue  # already gone
+        try:
+            signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                raise
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    for fd in fds.values():
+        poller.register(fd, select.POLLIN)
+    pending = dict(fds)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        for fd, _ in poller.poll(left * 1000):
+            poller.unregister(fd)
+            pending = {p: f for p, f in pending.items() if f != fd}
+    for fd in fds.values():
+        os.close(fd)
+    return [pid for pid in pending if is_alive(pid)]
+
+
+def stop_nodes(ip: str, nodes: Sequence[NodeProcess]) -> None:
+    """Remove the links, then kill every node: killing a PID namespace's first process ends
+    every process in it, and the last process leaving frees the network namespace."""
+    delete_links(ip, [n.veth for n in nodes])
+    pids = [n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes]
+    survivors = kill_and_wait(pids)
+    for node in nodes:
+        if node.popen is not None:
+            try:
+                node.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (node.popen.stdin, node.popen.stdout):
+                if stream is not None and not stream.closed:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+    if survivors:
+        log.warning("node processes still alive after SIGKILL: %s", survivors)

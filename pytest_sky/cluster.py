@@ -1,0 +1,351 @@
+"""Clusters: provisioning through a backend, the shared bootstrap, runs, teardown, reaping.
+
+This is the one Python API under both the pytest plugin and the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pytest_sky import bootstrap, console, runner
+from pytest_sky.backends import get_backend
+from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.backends.netns import is_alive, process_start_time
+from pytest_sky.errors import ClusterNotFoundError, ProvisionError, SkyError, TaskError
+from pytest_sky.resources import Resources
+from pytest_sky.runner import RunResult
+from pytest_sky.ssh import client as ssh_client
+from pytest_sky.ssh.keys import ClusterKeys
+from pytest_sky.state import ClusterRecord, StateStore
+from pytest_sky.task import Task
+
+if TYPE_CHECKING:
+    import paramiko
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+def validate_name(name: str) -> str:
+    """Cluster names become hostnames (``<name>-worker12``) and Kubernetes object names."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise TaskError(
+            f"invalid cluster name {name!r}: use 1-40 lower-case letters, digits and '-', "
+            "starting with a letter and not ending with '-' (e.g. 'dev-2')"
+        )
+    return name
+
+
+def _own_identity() -> tuple[int, int | None]:
+    return os.getpid(), process_start_time(os.getpid())
+
+
+class Cluster:
+    """A running cluster.  ``run`` executes on every rank; ``down`` removes it."""
+
+    def __init__(self, record: ClusterRecord, backend: Backend, store: StateStore) -> None:
+        self._record = record
+        self._backend = backend
+        self._store = store
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self.last_result: RunResult | None = None
+        self.results: list[RunResult] = []
+        self.is_down = False
+
+    # -- the contract ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def num_nodes(self) -> int:
+        return self._record.num_nodes
+
+    @property
+    def node_ips(self) -> list[str]:
+        return list(self._record.node_ips)
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._record.node_names)
+
+    @property
+    def ssh_config(self) -> str:
+        return str(self._store.cluster_dir(self.name) / "ssh_config")
+
+    @property
+    def backend(self) -> str:
+        return self._record.backend
+
+    @property
+    def resources_label(self) -> str:
+        return self._record.resources_label
+
+    @property
+    def record(self) -> ClusterRecord:
+        return self._record
+
+    def run(
+        self,
+        cmd_or_task: str | Task,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        *,
+        on_line: object = None,
+    ) -> RunResult:
+        """Run a command (bash, every rank) or a task; waits for every rank.
+
+        A rank exiting non-zero is reported through the result (``returncode``, ``error``),
+        not raised; problems reaching the cluster raise :class:`RunError`.
+        """
+        task = self._as_task(cmd_or_task)
+        if task.num_nodes not in (1, self.num_nodes) and task.num_nodes != self.num_nodes:
+            raise TaskError(
+                f"task {task.display_name!r} asks for num_nodes={task.num_nodes} but cluster "
+                f"{self.name} has {self.num_nodes}; launch a cluster of that size"
+            )
+        self._sync(task)
+        spec = self._spec(task, env)
+        result = runner.run(
+            self._connection(),
+            spec,
+            python=self._record.python,
+            agent_path=bootstrap.AGENT_PATH,
+            timeout=timeout,
+            on_line=on_line,  # type: ignore[arg-type]
+        )
+        self.last_result = result
+        self.results.append(result)
+        return result
+
+    def down(self) -> None:
+        """Remove every node and the cluster's record; safe to call twice."""
+        with self._lock:
+            if self.is_down:
+                return
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            self._backend.destroy(self._record)
+            self._store.forget(self.name)
+            self.is_down = True
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, backend={self.backend!r}, num_nodes={self.num_nodes})"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _as_task(self, cmd_or_task: str | Task) -> Task:
+        if isinstance(cmd_or_task, Task):
+            return cmd_or_task
+        text = str(cmd_or_task) if isinstance(cmd_or_task, (str, os.PathLike)) else ""
+        if text.endswith((".yaml", ".yml")) and "\n" not in text and " " not in text:
+            return Task.from_yaml(text)
+        if isinstance(cmd_or_task, str):
+            return Task(run=cmd_or_task, num_nodes=self.num_nodes)
+        raise TaskError(f"run() takes a command string or a Task, got {type(cmd_or_task).__name__}")
+
+    def _spec(self, task: Task, env: dict[str, str] | None) -> dict:
+        envs = dict(self._backend.forward_env())
+        envs.setdefault("PYTHONUNBUFFERED", "1")
+        envs.update(task.envs)
+        for key, value in (env or {}).items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+                raise TaskError(f"env name {key!r} is not a valid environment variable name")
+            envs[str(key)] = str(value)
+        nodes = [
+            {"rank": r, "name": "head" if r == 0 else f"worker{r}", "ip": ip, "ssh_target": ip}
+            for r, ip in enumerate(self._record.node_ips)
+        ]
+        return {
+            "cluster": self.name,
+            "nodes": nodes,
+            "num_nodes": len(nodes),
+            "task_name": task.display_name,
+            "setup": task.setup,
+            "run": task.run,
+            "env": envs,
+            "cwd": "~/sky_workdir" if task.workdir else None,
+            "gpus_per_node": self._gpus_per_node(task),
+            "cluster_info": self._record.cluster_info,
+            "python": self._record.python,
+            "agent_path": bootstrap.AGENT_PATH,
+        }
+
+    def _gpus_per_node(self, task: Task) -> int:
+        if task.resources.accelerators is not None:
+            return task.resources.gpus_per_node
+        return int(self._record.resources.get("gpus_per_node", 0))
+
+    def _sync(self, task: Task) -> None:
+        """Copy the task's workdir and file mounts to every node."""
+        if not task.workdir and not task.file_mounts:
+            return
+        self._backend.sync_to_nodes(self._record, task.workdir, task.file_mounts)
+
+    def _connection(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self.is_down:
+                raise SkyError(f"cluster {self.name} has been torn down")
+            transport = self._client.get_transport() if self._client is not None else None
+            if transport is None or not transport.is_active():
+                d = self._store.cluster_dir(self.name)
+                self._client = ssh_client.connect(
+                    self._record.head_host, self._record.head_port, d / "id_ed25519", d / "known_hosts"
+                )
+            return self._client
+
+
+# ------------------------------------------------------------------------------ provisioning
+
+
+def launch(
+    task: Task | str | os.PathLike[str] | None = None,
+    *,
+    num_nodes: int | None = None,
+    name: str | None = None,
+    backend: str = "local",
+    backend_options: dict | None = None,
+    keep: bool = False,
+    store: StateStore | None = None,
+    run_timeout: float | None = None,
+    on_created: Callable[[Cluster], None] | None = None,
+    **resources: object,
+) -> Cluster:
+    """Provision a cluster (and, given a task, run it: the result is ``cluster.last_result``)."""
+    if task is not None and not isinstance(task, Task):
+        task = Task.from_yaml(str(task))
+    extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
+    res = task.resources.merge(extra) if task is not None else extra
+    n = num_nodes if num_nodes is not None else (task.num_nodes if task is not None else 1)
+    if task is not None:
+        task = task.with_overrides(num_nodes=n)
+    else:
+        Task(num_nodes=n)  # validates the count with the task's own messages
+    name = validate_name(name or _default_name())
+    store = store or StateStore()
+    be = get_backend(backend, **(backend_options or {}))
+    be.plan(name, n, res)
+    cluster = provision(be, store, name, n, res, keep=keep)
+    if on_created is not None:
+        on_created(cluster)
+    if task is not None and (task.run or task.setup):
+        try:
+            cluster.run(task, timeout=run_timeout)
+        except BaseException:
+            if not keep:
+                cluster.down()
+            raise
+    return cluster
+
+
+def _default_name() -> str:
+    return f"sky-{os.getpid() % 100000}-{int(time.time() * 1000) % 100000}"
+
+
+def provision(
+    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
+) -> Cluster:
+    owner_pid, owner_start = _own_identity()
+    record = ClusterRecord(
+        name=name,
+        backend=backend.name,
+        num_nodes=num_nodes,
+        owner_pid=owner_pid,
+        owner_start_time=owner_start,
+        keep=keep,
+        resources={
+            "cpus": resources.cpus,
+            "memory": resources.memory,
+            "accelerators": str(resources.accelerators) if resources.accelerators else None,
+            "gpus_per_node": resources.gpus_per_node,
+        },
+        resources_label=resources.describe(num_nodes, backend.cloud_label),
+        cluster_info={"cluster_name": name, "cloud": backend.name, "region": backend.name, "zone": None},
+    )
+    if not store.claim(record):
+        raise ProvisionError(
+            f"a cluster named {name!r} already exists: pick another name or remove it with `pytest-sky down {name}`"
+        )
+    cluster_dir = store.cluster_dir(name)
+    keys = ClusterKeys.generate(name, num_nodes)
+    started = time.monotonic()
+    console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
+
+    def checkpoint(rec: ClusterRecord) -> None:
+        with store.locked():
+            store.save(rec)
+
+    request = ProvisionRequest(
+        name=name,
+        num_nodes=num_nodes,
+        resources=resources,
+        keys=keys,
+        cluster_dir=cluster_dir,
+        node_files=lambda nodes: bootstrap.node_files(name, nodes, keys),
+        checkpoint=checkpoint,
+    )
+    try:
+        nodes: list[NodeAddress] = backend.create(request, record)
+        record.node_ips = [n.ip for n in nodes]
+        record.node_names = [n.hostname for n in nodes]
+        dial = {n.rank: (n.ip, 22) for n in nodes}
+        dial[0] = (record.head_host or nodes[0].ip, record.head_port)
+        bootstrap.write_client_files(cluster_dir, name, nodes, keys, dial)
+        record.status = "UP"
+        checkpoint(record)
+    except BaseException:
+        try:
+            backend.destroy(record)
+        finally:
+            store.forget(name)
+        raise
+    console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
+    return Cluster(record, backend, store)
+
+
+def get_cluster(name: str, store: StateStore | None = None) -> Cluster:
+    store = store or StateStore()
+    record = store.load(name)
+    if record is None:
+        raise ClusterNotFoundError(f"no cluster named {name!r} (see `pytest-sky status`)")
+    return Cluster(record, get_backend(record.backend), store)
+
+
+def owner_alive(record: ClusterRecord) -> bool:
+    return is_alive(record.owner_pid, record.owner_start_time)
+
+
+def reap_orphans(store: StateStore | None = None) -> list[str]:
+    """Tear down clusters whose owner process died (a killed pytest run); returns their names.
+
+    Clusters kept on purpose (``--keep-clusters``, the CLI) are left alone.
+    """
+    store = store or StateStore()
+    reaped = []
+    with store.locked():
+        records = [r for r in store.records() if not r.keep and not owner_alive(r)]
+    for record in records:
+        try:
+            get_backend(record.backend).destroy(record)
+        except SkyError as exc:
+            log.warning("could not reap cluster %s: %s", record.name, exc)
+            continue
+        store.forget(record.name)
+        reaped.append(record.name)
+    return reaped

@@ -1,0 +1,335 @@
+"""The pytest plugin: options, markers and fixtures of the public contract (DESIGN.md section 2).
+
+Heavy modules (paramiko, the backends) are imported inside hooks and fixtures, so that
+installing pytest-sky costs nothing to a test session that never asks for a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_sky.cluster import Cluster
+
+ENV_PREFIX = "PYTEST_SKY_"
+_TRUE = ("1", "true", "yes", "on")
+
+MARKERS = {
+    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None): the test gets a cluster "
+    "of that shape as `sky_cluster`",
+    "kubernetes": "run only with the Kubernetes backend (--kubernetes)",
+    "no_kubernetes": "skip with the Kubernetes backend",
+    "gpu": "needs a GPU; skipped with a reason where the backend has none",
+}
+
+
+@dataclass
+class SkySettings:
+    backend: str = "local"
+    kube_context: str | None = None
+    kube_namespace: str | None = None
+    kube_image: str | None = None
+    keep_clusters: bool = False
+    mtu: int | None = None
+
+    def backend_options(self) -> dict[str, Any]:
+        if self.backend == "local":
+            return {"mtu": self.mtu} if self.mtu else {}
+        return {"context": self.kube_context, "namespace": self.kube_namespace, "image": self.kube_image}
+
+
+@dataclass
+class _SessionState:
+    settings: SkySettings
+    kept: list[Cluster] = field(default_factory=list)
+    live: list[Cluster] = field(default_factory=list)
+
+
+_state_key = pytest.StashKey[_SessionState]()
+_item_clusters_key = pytest.StashKey[list["Cluster"]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sky", "pytest-sky: multi-node clusters (each option has a PYTEST_SKY_* twin)")
+    group.addoption(
+        "--backend",
+        dest="sky_backend",
+        choices=("local", "kubernetes"),
+        default=None,
+        help="where clusters run: 'local' namespace nodes on this machine (default) or 'kubernetes' "
+        "pods [PYTEST_SKY_BACKEND]",
+    )
+    group.addoption(
+        "--kubernetes",
+        dest="sky_kubernetes",
+        action="store_true",
+        default=None,
+        help="same as --backend kubernetes: pods on the current kube context [PYTEST_SKY_KUBERNETES]",
+    )
+    group.addoption(
+        "--kube-context",
+        dest="sky_kube_context",
+        default=None,
+        help="kubeconfig context to use [PYTEST_SKY_KUBE_CONTEXT]",
+    )
+    group.addoption(
+        "--kube-namespace",
+        dest="sky_kube_namespace",
+        default=None,
+        help="namespace for the cluster's pods [PYTEST_SKY_KUBE_NAMESPACE]",
+    )
+    group.addoption(
+        "--kube-image", dest="sky_kube_image", default=None, help="container image of every pod [PYTEST_SKY_KUBE_IMAGE]"
+    )
+    group.addoption(
+        "--keep-clusters",
+        dest="sky_keep_clusters",
+        action="store_true",
+        default=None,
+        help="do not tear clusters down; print how to reach and delete them [PYTEST_SKY_KEEP_CLUSTERS]",
+    )
+    group.addoption(
+        "--sky-mtu",
+        dest="sky_mtu",
+        type=int,
+        default=None,
+        help="MTU of local cluster links (default 65535) [PYTEST_SKY_MTU]",
+    )
+
+
+def _setting(config: pytest.Config, dest: str, env: str) -> Any:
+    value = config.getoption(dest)
+    if value is None:
+        value = os.environ.get(ENV_PREFIX + env) or None
+    return value
+
+
+def settings_from(config: pytest.Config) -> SkySettings:
+    backend = _setting(config, "sky_backend", "BACKEND") or "local"
+    kube = _setting(config, "sky_kubernetes", "KUBERNETES")
+    if kube is True or (isinstance(kube, str) and kube.lower() in _TRUE):
+        backend = "kubernetes"
+    if backend not in ("local", "kubernetes", "k8s"):
+        raise pytest.UsageError(f"PYTEST_SKY_BACKEND={backend!r} is not a backend: use 'local' or 'kubernetes'")
+    keep = _setting(config, "sky_keep_clusters", "KEEP_CLUSTERS")
+    mtu = _setting(config, "sky_mtu", "MTU")
+    try:
+        mtu_value = int(mtu) if mtu is not None else None
+    except ValueError:
+        raise pytest.UsageError(f"PYTEST_SKY_MTU={mtu!r} is not a whole number (e.g. 65535)") from None
+    return SkySettings(
+        backend="kubernetes" if backend == "k8s" else backend,
+        kube_context=_setting(config, "sky_kube_context", "KUBE_CONTEXT"),
+        kube_namespace=_setting(config, "sky_kube_namespace", "KUBE_NAMESPACE"),
+        kube_image=_setting(config, "sky_kube_image", "KUBE_IMAGE"),
+        keep_clusters=keep is True or (isinstance(keep, str) and keep.lower() in _TRUE),
+        mtu=mtu_value,
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, help_text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {help_text}" if not help_text.startswith(name) else help_text)
+    config.stash[_state_key] = _SessionState(settings=settings_from(config))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Reap clusters whose owner died (a run killed with SIGKILL), before making new ones."""
+    from pytest_sky.cluster import reap_orphans
+    from pytest_sky.errors import SkyError
+    from pytest_sky.state import StateStore
+
+    try:
+        store = StateStore()
+        if not store.records():
+            return
+        reaped = reap_orphans(store)
+    except (SkyError, OSError) as exc:
+        session.config.issue_config_time_warning(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), 2)
+        return
+    if reaped:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"pytest-sky: reaped {len(reaped)} cluster(s) left by a killed run: {', '.join(reaped)}"
+            )
+
+
+def _backend_has_gpu(settings: SkySettings) -> bool:
+    if settings.backend == "local":
+        from pathlib import Path
+
+        return any(Path("/dev").glob("nvidia[0-9]*"))
+    return True  # a Kubernetes cluster's GPUs are the scheduler's to judge
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    settings = item.config.stash[_state_key].settings
+    on_k8s = settings.backend == "kubernetes"
+    if item.get_closest_marker("kubernetes") and not on_k8s:
+        pytest.skip("runs only on the Kubernetes backend (--kubernetes)")
+    if item.get_closest_marker("no_kubernetes") and on_k8s:
+        pytest.skip("not supported on the Kubernetes backend")
+    if item.get_closest_marker("gpu") and not _backend_has_gpu(settings):
+        pytest.skip(f"needs a GPU; the {settings.backend} backend has none on this machine")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.failed and report.when in ("call", "setup"):
+        for cluster in item.stash.get(_item_clusters_key, []):
+            for result in cluster.results[-3:]:
+                for rank in result.ranks:
+                    title = (
+                        f"sky {cluster.name} job {result.job_id} rank {rank.rank} ({rank.name}, exit {rank.returncode})"
+                    )
+                    report.sections.append((title, rank.stdout or "(no output)\n"))
+                if result.error:
+                    report.sections.append((f"sky {cluster.name} job {result.job_id}", result.error + "\n"))
+    return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Last line of defence: clusters of ours that are still up are torn down."""
+    state = session.config.stash.get(_state_key, None)
+    if state is None:
+        return
+    for cluster in list(state.live):
+        if not cluster.is_down and cluster not in state.kept:
+            cluster.down()
+    state.live.clear()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    state = terminalreporter.config.stash.get(_state_key, None)
+    if not state or not state.kept:
+        return
+    terminalreporter.section("pytest-sky: kept clusters")
+    for c in state.kept:
+        terminalreporter.write_line(
+            f"{c.name}: {c.num_nodes} node(s), head {c.node_ips[0] if c.node_ips else '?'}; "
+            f"ssh -F {c.ssh_config} {c.name}; remove with: pytest-sky down {c.name}"
+        )
+
+
+def _slug(text: str, limit: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    slug = re.sub(r"^test-?", "", slug) or "t"
+    return slug[:limit].strip("-") or "t"
+
+
+def unique_cluster_name(item: pytest.Item, index: int) -> str:
+    """Names unique per test, per xdist worker and per process: ``sky-<test>-<worker>-<hex>``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    token = os.urandom(2).hex()
+    parts = ["sky", _slug(item.name, 18)]
+    if worker:
+        parts.append(worker)
+    if index:
+        parts.append(str(index))
+    parts.append(token)
+    name = "-".join(parts)
+    if not name[0].isalpha():
+        name = "s" + name
+    return name[:40].rstrip("-")
+
+
+@pytest.fixture(scope="session")
+def sky_backend(request: pytest.FixtureRequest) -> str:
+    """The selected backend's name: 'local' or 'kubernetes'."""
+    return request.config.stash[_state_key].settings.backend
+
+
+@pytest.fixture
+def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Callable[..., Cluster]]:
+    """Factory: ``sky_launch(task=None, *, num_nodes=None, name=None, **resources) -> Cluster``.
+
+    A task given (a Task or a YAML path) is launched and its result kept as
+    ``cluster.last_result``.  Every cluster is torn down after the test, pass or fail.
+    """
+    from pytest_sky.cluster import launch
+    from pytest_sky.errors import SkyError
+
+    state = request.config.stash[_state_key]
+    settings = state.settings
+    mine: list[Cluster] = []
+    item = request.node
+    item.stash[_item_clusters_key] = mine
+
+    def factory(
+        task: Any = None, *, num_nodes: int | None = None, name: str | None = None, **resources: Any
+    ) -> Cluster:
+        try:
+            cluster = launch(
+                task,
+                num_nodes=num_nodes,
+                name=name or unique_cluster_name(item, len(mine)),
+                backend=sky_backend,
+                backend_options=settings.backend_options(),
+                keep=settings.keep_clusters,
+                on_created=_track,
+                **resources,
+            )
+        except SkyError as exc:
+            pytest.fail(f"pytest-sky: {exc}", pytrace=False)
+        return cluster
+
+    def _track(cluster: Cluster) -> None:
+        mine.append(cluster)
+        state.live.append(cluster)
+        if settings.keep_clusters:
+            state.kept.append(cluster)
+
+    try:
+        yield factory
+    finally:
+        errors = []
+        for cluster in reversed(mine):
+            if settings.keep_clusters:
+                continue
+            try:
+                cluster.down()
+            except Exception as exc:  # noqa: BLE001 - report every failed teardown, not the first
+                errors.append(f"{cluster.name}: {exc}")
+            if cluster in state.live:
+                state.live.remove(cluster)
+        if errors:
+            pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
+
+
+def _marker_shape(item: pytest.Item) -> dict[str, Any]:
+    marker = item.get_closest_marker("multinode")
+    if marker is None:
+        return {"num_nodes": 2}
+    kwargs = dict(marker.kwargs)
+    if marker.args:
+        if len(marker.args) > 1 or "num_nodes" in kwargs:
+            raise pytest.UsageError(f"{item.nodeid}: multinode() takes num_nodes as its only positional argument")
+        kwargs["num_nodes"] = marker.args[0]
+    allowed = {"num_nodes", "gpus", "cpus", "memory"}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        pytest.fail(
+            f"pytest-sky: multinode() got unknown argument(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join(sorted(allowed))}",
+            pytrace=False,
+        )
+    kwargs.setdefault("num_nodes", 2)
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@pytest.fixture
+def sky_cluster(request: pytest.FixtureRequest, sky_launch: Callable[..., Cluster]) -> Cluster:
+    """One cluster for this test, shaped by its ``multinode`` marker (default: 2 nodes)."""
+    shape = _marker_shape(request.node)
+    return sky_launch(**shape)

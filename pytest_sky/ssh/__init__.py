@@ -1,0 +1,1 @@
+"""SSH pieces shared by every backend: keys, config files, the client and parallel runs."""

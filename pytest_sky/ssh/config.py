@@ -1,0 +1,89 @@
+"""OpenSSH client configuration files.
+
+Two are written per cluster: the client's (``Cluster.ssh_config``: ``Host <cluster>`` is
+the head, ``Host <cluster>-worker<i>`` the workers) and the one every node gets as
+``~/.ssh/config`` so that ``ssh <worker-ip>`` or ``ssh <cluster>-worker1`` works from the
+head in any context, a detached job or mpirun included, without an agent or a prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: curve25519 first: the default sntrup761 hybrid costs tens of milliseconds per handshake.
+KEX = "curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com"
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    alias: str  # "<cluster>" for the head, "<cluster>-worker<i>" for workers
+    hostname: str  # address the connecting side dials
+    port: int = 22
+    user: str = "root"
+    proxy_command: str | None = None
+    proxy_jump: str | None = None
+
+
+def _common(identity_file: str, known_hosts: str, control_dir: str | None) -> list[str]:
+    lines = [
+        f"  IdentityFile {identity_file}",
+        "  IdentitiesOnly yes",
+        f"  UserKnownHostsFile {known_hosts}",
+        "  GlobalKnownHostsFile none",
+        "  StrictHostKeyChecking yes",
+        "  CheckHostIP no",
+        "  BatchMode yes",
+        "  PasswordAuthentication no",
+        f"  KexAlgorithms {KEX}",
+        "  ForwardAgent no",
+        "  LogLevel ERROR",
+        "  ServerAliveInterval 5",
+        "  ServerAliveCountMax 3",
+        "  ConnectTimeout 20",
+    ]
+    if control_dir:
+        # Several clients racing to become the master is safe: losers connect directly.
+        lines += [
+            "  ControlMaster auto",
+            f"  ControlPath {control_dir}/cm-%C",
+            "  ControlPersist 120",
+        ]
+    return lines
+
+
+def render(
+    entries: Sequence[HostEntry],
+    *,
+    identity_file: str,
+    known_hosts: str,
+    control_dir: str | None = None,
+    extra_patterns: Sequence[str] = (),
+) -> str:
+    """One ``Host`` block per node, then the shared settings under ``Host`` patterns.
+
+    ``extra_patterns`` adds hosts the shared settings apply to (on nodes: ``*``, so a bare
+    worker IP picks up the key and known_hosts too).
+    """
+    out = ["# Written by pytest-sky; regenerated on every launch.", ""]
+    for e in entries:
+        names = [e.alias] + ([e.hostname] if e.hostname != e.alias and not e.proxy_command else [])
+        out.append(f"Host {' '.join(names)}")
+        out.append(f"  HostName {e.hostname}")
+        out.append(f"  Port {e.port}")
+        out.append(f"  User {e.user}")
+        if e.proxy_command:
+            out.append(f"  ProxyCommand {e.proxy_command}")
+        if e.proxy_jump:
+            out.append(f"  ProxyJump {e.proxy_jump}")
+        out.append("")
+    patterns = [e.alias for e in entries] + [e.hostname for e in entries if not e.proxy_command]
+    patterns += list(extra_patterns)
+    seen: list[str] = []
+    for p in patterns:
+        if p not in seen:
+            seen.append(p)
+    out.append(f"Host {' '.join(seen)}")
+    out += _common(identity_file, known_hosts, control_dir)
+    out.append("")
+    return "\n".join(out)

@@ -1,0 +1,523 @@
+"""The task: which commands to run, on how many nodes, with what resources.
+
+It reads the subset of SkyPilot's task YAML that a test cluster needs, so that a task
+file written for ``sky launch`` can be tested here as is. Loading is strict wherever a
+silent mistake would only show up after a cluster has been started: unknown or
+duplicate keys, values of the wrong type and paths that do not exist are errors, each
+reported on one line that names the key, the value and what to write instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import yaml
+
+from pytest_sky.errors import TaskError
+from pytest_sky.resources import (
+    RESOURCE_KEYS,
+    Resources,
+    format_value,
+    unknown_key_message,
+)
+
+MAX_TASK_FILE_BYTES = 1024 * 1024
+MAX_NUM_NODES = 256
+MAX_NAME_LENGTH = 63
+TASK_KEYS = (
+    "envs",
+    "file_mounts",
+    "name",
+    "num_nodes",
+    "resources",
+    "run",
+    "setup",
+    "workdir",
+)
+_TASK_KEY_HINTS = {"nodes": "num_nodes", "env": "envs", "environment": "envs"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED_ENV_PREFIX = "SKYPILOT_"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+StrPath = str | os.PathLike[str]
+
+
+class _LoaderRefusal(Exception):
+    """A construct the task loader refuses on purpose, with where it was found."""
+
+    def __init__(self, message: str, mark: yaml.Mark | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = mark
+
+
+class _TaskLoader(yaml.SafeLoader):
+    """SafeLoader without aliases, duplicate keys or dates.
+
+    Aliases are refused because a few lines of them expand to gigabytes (the "billion
+    laughs"), and a task file has no need of them. Duplicate keys are refused because
+    YAML silently keeps the last one, so a second ``run:`` would drop the first without
+    a word. Dates stay the text that was written, so that ``FOO: 2024-01-01`` in
+    ``envs`` is passed on as written.
+    """
+
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _LoaderRefusal(
+                "YAML aliases (&/*) are not supported in task files (write the value out in full)",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                    continue
+                identity = (key_node.tag, key_node.value)
+                if identity in seen:
+                    raise _LoaderRefusal(
+                        f"duplicate key {key_node.value!r} (YAML would silently keep only "
+                        "the last one; remove or merge the repeats)",
+                        key_node.start_mark,
+                    )
+                seen.add(identity)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _at(mark: yaml.Mark | None) -> str:
+    return "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _yaml_error_message(err: yaml.YAMLError) -> str:
+    """Turn PyYAML's multi-line report into one line that keeps the position."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        what = "; ".join(_one_line(part) for part in (err.context, err.problem) if part)
+        where = _at(err.problem_mark or err.context_mark)
+        return f"{where}invalid YAML: {what or 'syntax error'}"
+    if isinstance(err, yaml.reader.ReaderError):
+        return (
+            f"invalid YAML: character #x{err.character:04x} at offset {err.position} "
+            f"is not allowed ({err.reason}); remove it"
+        )
+    return f"invalid YAML: {_one_line(str(err))}"
+
+
+def _parse_yaml(text: str) -> object:
+    try:
+        return yaml.load(text, Loader=_TaskLoader)  # a SafeLoader subclass
+    except _LoaderRefusal as err:
+        raise TaskError(f"{_at(err.mark)}{err.message}") from None
+    except yaml.YAMLError as err:
+        raise TaskError(_yaml_error_message(err)) from None
+    except RecursionError:
+        raise TaskError("YAML is nested too deeply (a task file needs only a few levels)") from None
+    except (ValueError, OverflowError) as err:
+        # e.g. an integer with more digits than Python converts; the rest of its
+        # message is advice for programmers
+        reason = _one_line(str(err)).split(";")[0]
+        raise TaskError(f"invalid YAML value: {reason}") from None
+
+
+def _check_num_nodes(value: object) -> int:
+    if value is None:
+        return 1
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None or not 1 <= number <= MAX_NUM_NODES:
+        raise TaskError(
+            f"num_nodes must be a whole number between 1 and {MAX_NUM_NODES}, "
+            f"got {format_value(value)} (e.g. num_nodes: 2)"
+        )
+    return number
+
+
+def _check_name(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_LENGTH or not value.isprintable():
+        raise TaskError(
+            f"name must be a string of 1 to {MAX_NAME_LENGTH} printable characters, "
+            f'got {format_value(value)} (e.g. name: my-test; quote numbers: name: "123")'
+        )
+    return value
+
+
+def _check_commands(value: object, key: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TaskError(
+        f"{key} must be a string of shell commands, got {format_value(value)} "
+        f"(quote it, or write {key}: | and the commands on the following lines)"
+    )
+
+
+def _env_value(name: str, value: object) -> str:
+    """Convert a scalar the way SkyPilot does: ``1`` -> "1", ``true`` -> "true"."""
+    key = f"envs.{name}"
+    if value is None:
+        raise TaskError(f"{key} has no value; give one in the YAML ({name}: value) or pass env={{{name!r}: ...}}")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        try:
+            return str(value)
+        except ValueError:  # more digits than Python converts
+            pass
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise TaskError(
+                f"{key} contains a NUL character, which environment variables cannot hold, got {format_value(value)}"
+            )
+        return value
+    raise TaskError(
+        f"{key} must be a string, number or boolean, got {format_value(value)} (quote the value to pass it literally)"
+    )
+
+
+def _check_envs(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TaskError(
+            f"envs must be a mapping of NAME: value (e.g. envs: {{MY_VAR: '1'}}), got {format_value(value)}"
+        )
+    result: dict[str, str] = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            hint = '; quote names such as "NO" or "ON" that YAML reads as booleans' if isinstance(name, bool) else ""
+            raise TaskError(
+                f"envs name {format_value(name)} is not a valid variable name: use "
+                f"letters, digits and '_', not starting with a digit (e.g. MY_VAR){hint}"
+            )
+        if name.startswith(_RESERVED_ENV_PREFIX):
+            raise TaskError(
+                f"envs.{name} is reserved: names starting with {_RESERVED_ENV_PREFIX} "
+                f"are set by pytest-sky on every node, got {format_value(item)} "
+                "(pick another name)"
+            )
+        result[name] = _env_value(name, item)
+    return result
+
+
+def _resolve_local(value: object, key: str, base_dir: StrPath | None) -> tuple[str, int]:
+    """Make a local path absolute and check that it exists; return it and its mode.
+
+    Relative paths are taken against the task file's directory, as SkyPilot does, so a
+    task behaves the same whatever directory pytest was started from.
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise TaskError(f"{key} must be a local path, got {format_value(value)}")
+    path = os.path.expanduser(value)
+    if not os.path.isabs(path):
+        try:
+            base = os.fspath(base_dir) if base_dir is not None else os.getcwd()
+        except OSError as err:
+            raise TaskError(
+                f"{key} {format_value(value)} is relative, but the current directory "
+                f"cannot be read ({err.strerror}); give an absolute path"
+            ) from None
+        path = os.path.join(base, path)
+    path = os.path.normpath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise TaskError(
+            f"{key} {format_value(value)} does not exist (resolved to {path}); create it or fix the path"
+        ) from None
+    except OSError as err:
+        raise TaskError(
+            f"{key} {format_value(value)} cannot be accessed (resolved to {path}): {err.strerror}"
+        ) from None
+    except ValueError:  # e.g. an embedded NUL byte
+        raise TaskError(f"{key} is not a valid path, got {format_value(value)}") from None
+    return path, mode
+
+
+def _check_workdir(value: object, base_dir: StrPath | None) -> str | None:
+    if value is None:
+        return None
+    path, mode = _resolve_local(value, "workdir", base_dir)
+    if not stat.S_ISDIR(mode):
+        raise TaskError(
+            f"workdir must be a directory, got {format_value(value)}, which is not one "
+            f"(resolved to {path}); copy single files with file_mounts instead"
+        )
+    return path
+
+
+def _check_file_mounts(value: object, base_dir: StrPath | None) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TaskError(
+            "file_mounts must be a mapping of remote path to local path "
+            f"(e.g. file_mounts: {{/data: ./data}}), got {format_value(value)}"
+        )
+    result: dict[str, str] = {}
+    for remote, local in value.items():
+        if not isinstance(remote, str) or not (remote.startswith(("/", "~/"))):
+            raise TaskError(
+                f"file_mounts key {format_value(remote)} must be an absolute remote "
+                "path or start with ~/ (e.g. /data or ~/data)"
+            )
+        key = f"file_mounts[{remote!r}]"
+        if isinstance(local, Mapping) or (isinstance(local, str) and "://" in local):
+            raise TaskError(
+                f"{key} must be a local path; cloud storage is not supported, "
+                f"got {format_value(local)} (copy the data to a local directory first)"
+            )
+        result[remote], _ = _resolve_local(local, key, base_dir)
+    return result
+
+
+def _check_resources(value: object) -> Resources:
+    if isinstance(value, Resources):
+        return value
+    return Resources.from_dict(value, where="resources")  # type: ignore[arg-type]
+
+
+class Task:
+    """A validated task, from a YAML file or from keyword arguments.
+
+    Every constructor argument is checked on construction, so a ``Task`` that exists is
+    one that can be launched. Use :meth:`with_overrides` rather than assigning to
+    attributes, so that the new values are checked too.
+    """
+
+    def __init__(
+        self,
+        run: str | None = None,
+        setup: str | None = None,
+        num_nodes: int = 1,
+        envs: Mapping[str, object] | None = None,
+        resources: Resources | Mapping[str, object] | None = None,
+        name: str | None = None,
+        workdir: StrPath | None = None,
+        file_mounts: Mapping[str, StrPath] | None = None,
+        *,
+        source: str | None = None,
+        base_dir: StrPath | None = None,
+    ) -> None:
+        """``source`` prefixes every error message; ``base_dir`` anchors relative paths
+        (the current directory when not given)."""
+        self.source = source
+        try:
+            self.name = _check_name(name)
+            self.num_nodes = _check_num_nodes(num_nodes)
+            self.resources = _check_resources(resources)
+            self.envs = _check_envs(envs)
+            self.setup = _check_commands(setup, "setup")
+            self.run = _check_commands(run, "run")
+            self.workdir = _check_workdir(workdir, base_dir)
+            self.file_mounts = _check_file_mounts(file_mounts, base_dir)
+        except TaskError as err:
+            if source is None:
+                raise
+            raise type(err)(f"{source}: {err}") from None
+
+    @classmethod
+    def from_yaml_str(
+        cls,
+        text: str,
+        source: str = "<string>",
+        *,
+        base_dir: StrPath | None = None,
+    ) -> Task:
+        """Read a task from YAML text; ``source`` names it in error messages."""
+        try:
+            if not isinstance(text, str):
+                raise TaskError(f"task YAML must be text, got {type(text).__name__}")
+            if len(text) > MAX_TASK_FILE_BYTES:
+                raise TaskError(
+                    f"task YAML is {len(text)} characters; the limit is "
+                    f"{MAX_TASK_FILE_BYTES} (1 MiB); keep data out of the task file"
+                )
+            data = _parse_yaml(text)
+            if data is None:
+                raise TaskError("task file is empty; give at least run: (e.g. run: echo hello)")
+            if not isinstance(data, dict):
+                raise TaskError(
+                    "task file must be a mapping of keys such as run:, setup: and "
+                    f"num_nodes:, got a {type(data).__name__} ({format_value(data)})"
+                )
+            for key in data:
+                if key not in TASK_KEYS:
+                    raise TaskError(_unknown_task_key(key))
+        except TaskError as err:
+            raise TaskError(f"{source}: {err}") from None
+        return cls(**data, source=source, base_dir=base_dir)
+
+    @classmethod
+    def from_yaml(cls, path: StrPath) -> Task:
+        """Read a task file, refusing anything that is not a small UTF-8 YAML mapping."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TaskError(f"task file path must be a string or path, got {format_value(path)}")
+        shown = os.fspath(path)
+        text = _read_task_file(shown)
+        base_dir = os.path.dirname(os.path.abspath(shown))
+        return cls.from_yaml_str(text, source=str(shown), base_dir=base_dir)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or "task"
+
+    def to_dict(self) -> dict[str, object]:
+        """The task as a YAML-shaped dict that :meth:`from_yaml_str` reads back equal."""
+        result: dict[str, object] = {}
+        if self.name is not None:
+            result["name"] = self.name
+        result["num_nodes"] = self.num_nodes
+        resources = self.resources.to_dict()
+        if resources:
+            result["resources"] = resources
+        if self.workdir is not None:
+            result["workdir"] = self.workdir
+        if self.file_mounts:
+            result["file_mounts"] = dict(self.file_mounts)
+        if self.envs:
+            result["envs"] = dict(self.envs)
+        if self.setup is not None:
+            result["setup"] = self.setup
+        if self.run is not None:
+            result["run"] = self.run
+        return result
+
+    def with_overrides(
+        self,
+        num_nodes: int | None = None,
+        envs: Mapping[str, object] | None = None,
+        resources: Resources | None = None,
+    ) -> Task:
+        """A copy with some settings replaced, e.g. by a pytest marker or the command line.
+
+        ``envs`` are added to the task's own (same names replaced), and ``resources`` are
+        merged field by field, so an override only changes what it names.
+        """
+        merged_envs = {**self.envs, **_check_envs(envs)}
+        merged_resources = self.resources
+        if resources is not None:
+            merged_resources = self.resources.merge(_check_resources(resources))
+        task = Task(
+            run=self.run,
+            setup=self.setup,
+            num_nodes=self.num_nodes if num_nodes is None else num_nodes,
+            envs=merged_envs,
+            resources=merged_resources,
+            name=self.name,
+            workdir=self.workdir,
+            file_mounts=self.file_mounts,
+        )
+        # The overrides did not come from the file, so errors above are not prefixed with
+        # it; the result still describes the same task.
+        task.source = self.source
+        return task
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.name,
+            self.num_nodes,
+            self.resources,
+            self.envs,
+            self.setup,
+            self.run,
+            self.workdir,
+            self.file_mounts,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        # Where a task was read from does not change what it does.
+        if not isinstance(other, Task):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return (
+            f"Task(name={self.name!r}, num_nodes={self.num_nodes}, "
+            f"resources={self.resources!r}, envs={self.envs!r}, setup={self.setup!r}, "
+            f"run={self.run!r}, workdir={self.workdir!r}, "
+            f"file_mounts={self.file_mounts!r}, source={self.source!r})"
+        )
+
+
+def _unknown_task_key(key: object) -> str:
+    message = unknown_key_message(key, "task", TASK_KEYS, _TASK_KEY_HINTS)
+    if key in RESOURCE_KEYS:
+        message += f" ({key} belongs under resources:, e.g. resources: {{{key}: ...}})"
+    return message
+
+
+def _read_task_file(path: str) -> str:
+    """Read at most the size limit, even from a file that lies about its size."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise TaskError(
+            f"task file not found: {path} (check the path; it is resolved against the "
+            f"current directory {_cwd_for_message()})"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise TaskError(f"{path}: cannot read task file: {_os_reason(err)}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise TaskError(
+            f"{path}: is a directory, not a task file "
+            f"(give the YAML file inside it, e.g. {os.path.join(path, 'task.yaml')})"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise TaskError(f"{path}: is not a regular file; give a YAML task file")
+    too_big = TaskError(
+        f"{path}: task file is larger than {MAX_TASK_FILE_BYTES} bytes (1 MiB); "
+        "a task file holds settings, so keep data in file_mounts"
+    )
+    if info.st_size > MAX_TASK_FILE_BYTES:
+        raise too_big
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_TASK_FILE_BYTES + 1)
+    except OSError as err:
+        raise TaskError(f"{path}: cannot read task file: {_os_reason(err)}") from None
+    if len(data) > MAX_TASK_FILE_BYTES:
+        raise too_big
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TaskError(
+            f"{path}: task file is not valid UTF-8 (byte 0x{data[err.start]:02x} at "
+            f"offset {err.start}); save it as UTF-8"
+        ) from None
+
+
+def _os_reason(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return _one_line(str(err))
+
+
+def _cwd_for_message() -> str:
+    try:
+        return os.getcwd()
+    except OSError:
+        return "(which no longer exists)"

@@ -1,0 +1,126 @@
+"""The multi-node smoke suite: what SkyPilot's Kubernetes PR and MPI issue asked to see.
+
+Each test is marked ``multinode`` (so ``pytest smoke -k multinode`` selects it) and asserts
+on what every rank printed, not only on exit codes.  The same tests run on every backend.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_sky import Task, run_command_in_parallel
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.multinode(num_nodes=2)
+def test_echo_hi_on_two_nodes(sky_cluster):
+    res = sky_cluster.run("echo hi")
+    assert res.returncode == 0, res.output
+    lines = res.output.splitlines()
+    assert len(lines) == 2, res.output
+    worker_ip = sky_cluster.node_ips[1]
+    assert any(re.fullmatch(r"\(head, rank=0, pid=\d+\) hi", line) for line in lines), lines
+    assert any(re.fullmatch(rf"\(worker1, rank=1, pid=\d+, ip={re.escape(worker_ip)}\) hi", line) for line in lines), (
+        lines
+    )
+    assert [r.stdout for r in res.ranks] == ["hi\n", "hi\n"]
+
+
+@pytest.mark.multinode
+@pytest.mark.parametrize("num_nodes", [2, 3])
+def test_node_ips_and_ranks(sky_launch, num_nodes):
+    cluster = sky_launch(num_nodes=num_nodes)
+    res = cluster.run(
+        'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd,)";'
+        'echo "count=$(echo "$SKYPILOT_NODE_IPS" | wc -l)";'
+        'echo "rank=$SKYPILOT_NODE_RANK nodes=$SKYPILOT_NUM_NODES task=$SKYPILOT_TASK_ID";'
+        "echo \"eth0=$(ip -4 -o addr show dev eth0 | awk '{print $4}' | cut -d/ -f1)\";"
+        'echo "mine=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK + 1))p")"'
+    )
+    assert res.returncode == 0, res.output
+    assert len(cluster.node_ips) == num_nodes
+    task_ids = set()
+    for rank in res.ranks:
+        fields = dict(kv.split("=", 1) for line in rank.stdout.split() if "=" in line for kv in [line])
+        assert fields["ips"].split(",") == cluster.node_ips  # rank order, head first
+        assert fields["count"] == str(num_nodes)
+        assert fields["rank"] == str(rank.rank)
+        assert fields["nodes"] == str(num_nodes)
+        assert fields["eth0"] == fields["mine"] == cluster.node_ips[rank.rank]
+        task_ids.add(fields["task"])
+    assert len(task_ids) == 1
+    (task_id,) = task_ids
+    assert re.fullmatch(rf"sky-[0-9-]+_{re.escape(cluster.name)}_{res.job_id}", task_id), task_id
+
+
+@pytest.mark.multinode(num_nodes=3)
+def test_head_to_worker_ssh_without_agent(sky_cluster):
+    """What mpirun needs: from a run section, rank 0 reaches every worker by IP and by name."""
+    name = sky_cluster.name
+    res = sky_cluster.run(
+        "unset SSH_AUTH_SOCK SSH_AGENT_PID\n"
+        'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then\n'
+        '  for ip in $(echo "$SKYPILOT_NODE_IPS" | tail -n +2); do ssh "$ip" hostname; done\n'
+        f"  ssh {name}-worker2 hostname\n"
+        "fi\n"
+    )
+    assert res.returncode == 0, res.output
+    assert res.ranks[0].stdout.split() == [f"{name}-worker1", f"{name}-worker2", f"{name}-worker2"]
+
+
+@pytest.mark.multinode(num_nodes=2)
+def test_ssh_concurrency_20x10(sky_cluster):
+    """The check from SkyPilot's PR: 20 concurrent `ssh <cluster> echo hi`, ten rounds."""
+    cmd = ["ssh", "-F", sky_cluster.ssh_config, sky_cluster.name, "echo hi"]
+    ok = 0
+    rounds = []
+    for _ in range(10):
+        start = time.monotonic()
+        results = run_command_in_parallel(cmd, 20, 20)
+        rounds.append(time.monotonic() - start)
+        ok += sum(1 for r in results if r.returncode == 0 and r.output.strip() == "hi")
+    assert ok == 200, f"{ok}/200 succeeded"
+    print(f"20x10 ssh: {ok}/200, rounds {min(rounds):.3f}-{max(rounds):.3f} s")
+
+
+@pytest.mark.multinode(num_nodes=3)
+def test_failing_rank_fails_the_run(sky_cluster):
+    start = time.monotonic()
+    res = sky_cluster.run('if [ "$SKYPILOT_NODE_RANK" = 1 ]; then exit 3; fi; sleep 60; echo survived')
+    elapsed = time.monotonic() - start
+    assert res.returncode == 3
+    assert res.error is not None and "rank 1" in res.error and "exit code 3" in res.error, res.error
+    assert res.ranks[1].returncode == 3
+    assert all(r.returncode != 0 for r in res.ranks)  # the others were stopped, not finished
+    assert "survived" not in res.output
+    assert elapsed < 15, f"other ranks were not stopped promptly ({elapsed:.1f} s)"
+
+
+@pytest.mark.multinode
+def test_example_task_yaml_runs_unmodified(sky_launch):
+    cluster = sky_launch(str(EXAMPLES / "hello_multinode" / "task.yaml"))
+    res = cluster.last_result
+    assert res is not None and res.returncode == 0, res.output if res else None
+    assert cluster.num_nodes == 2
+    for rank in res.ranks:
+        lines = rank.stdout.splitlines()
+        assert lines[0] == f"setup rank {rank.rank} of 2 on {cluster.node_names[rank.rank]}"
+        assert lines[1] == (
+            f"hello from rank {rank.rank} of 2 on {cluster.node_names[rank.rank]}; head is {cluster.node_ips[0]}"
+        )
+        assert lines[2] == "the workdir arrived"
+
+
+@pytest.mark.multinode
+def test_torch_gloo_allreduce_across_nodes(sky_launch):
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
+    cluster = sky_launch(Task.from_yaml(EXAMPLES / "torch_allreduce" / "task.yaml"))
+    res = cluster.last_result
+    assert res.returncode == 0, res.output
+    reported = [[line for line in r.stdout.splitlines() if line.startswith("rank=")] for r in res.ranks]
+    assert reported == [["rank=0 world=2 sum=3"], ["rank=1 world=2 sum=3"]], res.output
