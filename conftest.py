@@ -1,13 +1,13 @@
 """Repository-wide test settings: a private state directory and a leak check at the end.
 
 The leak check is what the before-stop hook checks, made part of every run: after the
-session, no namespace node, link or sshd of ours may remain on this machine.
+session, no namespace node, link or sshd of ours may remain on this machine (this assumes
+no other pytest-sky run shares the machine at the same moment).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 
 import pytest
@@ -17,16 +17,9 @@ os.environ.setdefault("PYTEST_SKY_HOME", os.path.join(tempfile.gettempdir(), "py
 
 
 def leaked_resources() -> list[str]:
-    """Links named psky* and sshd processes on this machine (ours by construction)."""
-    leaks = []
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
-    for line in links.splitlines():
-        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
-        if name.startswith("psky"):
-            leaks.append(f"link {name}")
-    procs = subprocess.run(["pgrep", "-a", "-x", "sshd"], capture_output=True, text=True, check=False).stdout
-    leaks += [f"process {p}" for p in procs.splitlines() if "pytest-sky" in p or "sshd_config" in p]
-    return leaks
+    from pytest_sky.doctor import leaked_links, node_processes
+
+    return [f"link {n}" for n in leaked_links()] + [f"process {p}: {c}" for p, c in node_processes()]
 
 
 @pytest.hookimpl(trylast=True)

@@ -238,9 +238,9 @@ def launch(
     else:
         Task(num_nodes=n)  # validates the count with the task's own messages
     name = validate_name(name or _default_name())
-    store = store or StateStore()
     be = get_backend(backend, **(backend_options or {}))
-    be.plan(name, n, res)
+    be.plan(name, n, res)  # before touching any state: refuse what can never work
+    store = store or StateStore()
     cluster = provision(be, store, name, n, res, keep=keep)
     if on_created is not None:
         on_created(cluster)

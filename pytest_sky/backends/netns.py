@@ -47,10 +47,11 @@ hostname "$PSKY_HOSTNAME"
 ip -batch - <<EOF
 link set lo up
 addr add $PSKY_IP/$PSKY_PREFIXLEN dev eth0
-link set eth0 up
+link set eth0 mtu $PSKY_MTU up
 route change $PSKY_SUBNET dev eth0 proto kernel scope link src $PSKY_IP quickack 1
 EOF
 mount -t tmpfs -o mode=755,size=64m psky-run /run
+mount -t sysfs psky-sys /sys
 mkdir -m 755 /run/sshd
 mount --bind "$PSKY_ROOT/etc/passwd" /etc/passwd
 mount --bind "$PSKY_ROOT/etc/hosts" /etc/hosts
@@ -243,7 +244,7 @@ def start_nodes(
     started: list[NodeProcess] = []
     try:
         for spec in specs:
-            started.append(_spawn(spec, prefixlen=prefixlen, subnet=subnet, tools=tools))
+            started.append(_spawn(spec, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools))
         for node in started:
             _await_ready(node)
         commands = []
@@ -263,7 +264,7 @@ def start_nodes(
         raise
 
 
-def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, tools: dict[str, str]) -> NodeProcess:
+def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict[str, str]) -> NodeProcess:
     log_path = spec.root / "node.log"
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -272,6 +273,7 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, tools: dict[str, str]
         "PSKY_IP": spec.ip,
         "PSKY_PREFIXLEN": str(prefixlen),
         "PSKY_SUBNET": subnet,
+        "PSKY_MTU": str(mtu),
         "PSKY_ROOT": str(spec.root),
         "PSKY_SSHD": tools["sshd"],
         "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),

@@ -1,0 +1,56 @@
+"""What of pytest-sky is left on this machine: links, node processes, orphaned records.
+
+Used by ``pytest-sky doctor`` and by this repository's own leak check after every test run.
+Everything we create is recognisable by name: links start with ``psky``, every node's first
+process carries ``psky-node:<node dir>`` in its command line, and its sshd reads a config
+from a node directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pytest_sky.backends.netns import LINK_PREFIX
+
+
+def leaked_links() -> list[str]:
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith(LINK_PREFIX))
+
+
+def node_processes() -> list[tuple[int, str]]:
+    """(pid, command line) of node processes: their unshare parents, init scripts and sshds."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] == "Z":
+            continue
+        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        if "psky-node:" in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd):
+            found.append((int(entry), cmd[:200]))
+    return found
+
+
+def leftovers(store_root: Path | None = None) -> list[str]:
+    from pytest_sky.cluster import owner_alive
+    from pytest_sky.state import StateStore
+
+    out = [f"link {name}" for name in leaked_links()]
+    out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
+    try:
+        for record in StateStore(store_root).records():
+            if not record.keep and not owner_alive(record):
+                out.append(f"record {record.name} (owner pid {record.owner_pid} is gone)")
+    except OSError:
+        pass
+    return out

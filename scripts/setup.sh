@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Everything pytest-sky's tests need, on a fresh Debian 12 machine as root. Safe to re-run:
+# it installs only what is missing.
+#   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux
+#   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package and its test extras
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: run as root (namespace nodes need CAP_NET_ADMIN and CAP_SYS_ADMIN; apt needs root)" >&2
+  exit 1
+fi
+
+# tool -> Debian package
+declare -A NEED=(
+  [sshd]=openssh-server [ssh]=openssh-client [ip]=iproute2 [unshare]=util-linux
+  [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables
+)
+missing=()
+for tool in "${!NEED[@]}"; do
+  PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null 2>&1 || missing+=("${NEED[$tool]}")
+done
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  missing+=(python3-venv python3-pip)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  # Package scripts must not start a system sshd: our nodes run their own.
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    guard=/usr/sbin/policy-rc.d
+  fi
+  trap '[ -n "$guard" ] && rm -f "$guard"' EXIT
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version)"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+  # The CPU wheel first: a plain `torch` requirement would pull a multi-GB CUDA build.
+  say "installing torch==2.13.0 (CPU)"
+  .venv/bin/python -m pip install -q torch==2.13.0
+fi
+say "installing pytest-sky and its test extras"
+.venv/bin/python -m pip install -q -e '.[test]'
+say "ready: .venv/bin/python -m pytest smoke -k multinode"

@@ -1,0 +1,282 @@
+"""The local backend and the runner against real namespace nodes.
+
+One shared 3-node cluster serves the read-only checks; tests that break or remove things
+launch their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky import Task
+from pytest_sky.backends import netns
+from pytest_sky.backends.local import LocalBackend
+from pytest_sky.errors import ProvisionError, RunTimeoutError, TaskError
+from pytest_sky.state import StateStore
+
+
+@pytest.fixture(scope="module")
+def sky_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("skyhome")
+    old = os.environ.get("PYTEST_SKY_HOME")
+    os.environ["PYTEST_SKY_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("PYTEST_SKY_HOME", None)
+    else:
+        os.environ["PYTEST_SKY_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster3(sky_home: Path):
+    cluster = pytest_sky.launch(num_nodes=3, name=f"lb3-{os.getpid() % 10000}")
+    yield cluster
+    cluster.down()
+
+
+def by_rank(result: pytest_sky.RunResult) -> list[str]:
+    return [r.stdout.strip() for r in result.ranks]
+
+
+def gone(record_data: dict, bridge: str) -> list[str]:
+    """What of a torn-down cluster is still here (should be nothing)."""
+    left = [n for n in [bridge, *record_data.get("veths", [])] if netns.link_exists(n)]
+    left += [str(n["pid"]) for n in record_data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))]
+    return left
+
+
+def test_hostnames_and_hosts_file(cluster3):
+    name = cluster3.name
+    res = cluster3.run(
+        f"hostname; getent ahostsv4 {name}-worker2 | awk 'NR==1{{print $1}}'; grep -c '::ffff:' /etc/hosts"
+    )
+    assert res.returncode == 0, res.output
+    for rank, out in enumerate(by_rank(res)):
+        host, worker2_ip, mapped = out.split()
+        assert host == (f"{name}-head" if rank == 0 else f"{name}-worker{rank}")
+        assert worker2_ip == cluster3.node_ips[2]
+        assert mapped == "3"  # every node also listed in ::ffff: form (torch c10d)
+
+
+def test_nodes_are_isolated_pid_namespaces(cluster3):
+    """A task's pkill cannot reach the host (nor, by the same token, another node)."""
+    marker = f"psky-marker-{os.getpid()}-{time.monotonic_ns()}"
+    victim = subprocess.Popen(["bash", "-c", f"exec -a {marker} sleep 60"])
+    try:
+        pattern = f"[{marker[0]}]{marker[1:]}"  # a pattern that does not match its own shell
+        res = cluster3.run(f"cat /proc/1/comm; pkill -f '{pattern}'; echo pkill=$?")
+        assert res.returncode == 0, res.output
+        for out in by_rank(res):
+            assert out.split() == ["sshd", "pkill=1"]  # pid 1 is sshd; nothing matched
+        assert victim.poll() is None, "a node's pkill killed a host process"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_no_route_out_of_the_cluster(cluster3):
+    # Route lookups only: nothing is sent anywhere.
+    res = cluster3.run(
+        "ip -4 route show | wc -l; ip route get 198.19.255.254 2>&1 | head -n1; ip route get 8.8.8.8 2>&1; true"
+    )
+    subnet = cluster3.node_ips[0].rsplit(".", 1)[0]
+    for out in by_rank(res):
+        lines = out.splitlines()
+        assert lines[0] == "1"  # only the cluster's own /24
+        assert "unreachable" in lines[1].lower() and "unreachable" in lines[2].lower(), out
+    routes = cluster3.run("ip -4 route show").ranks[0].stdout
+    assert routes.startswith(f"{subnet}.0/24 dev eth0") and "quickack 1" in routes
+
+
+def test_mtu_is_high_by_default(cluster3):
+    assert by_rank(cluster3.run("cat /sys/class/net/eth0/mtu")) == ["65535"] * 3
+
+
+def test_private_home_run_and_keys(cluster3):
+    res = cluster3.run(
+        'echo "$HOME"; stat -c %a ~/.ssh/id_ed25519; touch /run/only-here-$SKYPILOT_NODE_RANK; ls /run | grep -c only-here'
+    )
+    homes = set()
+    for out in by_rank(res):
+        home, mode, count = out.split()
+        homes.add(home)
+        assert mode == "600"
+        assert count == "1"  # each node sees only its own /run
+    assert len(homes) == 3
+
+
+def test_python_on_nodes_is_the_test_interpreter(cluster3):
+    res = cluster3.run("command -v python; python -c 'import sys; print(sys.prefix)'")
+    for out in by_rank(res):
+        path, prefix = out.split()
+        assert Path(path).parent == Path(sys.executable).parent
+        assert prefix == sys.prefix
+
+
+def test_env_values_arrive_literally(cluster3, tmp_path: Path):
+    canary = tmp_path / "injected"
+    value = f"$(touch {canary}); '; echo pwned; \"`touch {canary}`"
+    res = cluster3.run('printf "%s\\n" "$X"', env={"X": value})
+    assert by_rank(res) == [value] * 3
+    assert not canary.exists()
+
+
+def test_job_ids_increase_and_task_id_names_them(cluster3):
+    first = cluster3.run("true")
+    second = cluster3.run("true")
+    assert second.job_id == first.job_id + 1
+    assert second.task_id.endswith(f"_{cluster3.name}_{second.job_id}")
+
+
+def test_setup_runs_first_and_its_failure_stops_the_run(cluster3):
+    ok = cluster3.run(
+        Task(setup="echo setup-$SKYPILOT_SETUP_NODE_RANK", run="echo run-$SKYPILOT_NODE_RANK", num_nodes=3)
+    )
+    assert by_rank(ok) == [f"setup-{r}\nrun-{r}" for r in range(3)]
+    bad = cluster3.run(Task(setup='[ "$SKYPILOT_SETUP_NODE_RANK" = 2 ] && exit 4; true', run="echo never", num_nodes=3))
+    assert bad.returncode == 4
+    assert "setup failed on rank 2" in bad.error and "exit code 4" in bad.error
+    assert "never" not in bad.output
+
+
+def test_timeout_stops_every_rank(cluster3):
+    marker = f"{time.monotonic_ns()}"
+    start = time.monotonic()
+    with pytest.raises(RunTimeoutError, match="within 1 s"):
+        cluster3.run(f"sleep 3{marker[-4:]}.5 ; echo late", timeout=1)
+    pattern = f"[s]leep 3{marker[-4:]}.5"
+    assert time.monotonic() - start < 5
+    # The agent noticed the closed channel and stopped the ranks' process trees.
+    deadline = time.monotonic() + 10
+    while True:
+        left = cluster3.run(f"pgrep -f '{pattern}' || true")
+        if all(not r.stdout.strip() for r in left.ranks) or time.monotonic() > deadline:
+            break
+    assert all(not r.stdout.strip() for r in left.ranks), left.output
+
+
+def test_single_node_prefix(sky_home: Path):
+    with pytest_sky.launch(num_nodes=1, name=f"lb1-{os.getpid() % 10000}") as c:
+        res = c.run(Task(name="solo", run="echo one"))
+        assert res.output.startswith("(solo, pid=") and res.output.endswith(") one\n")
+
+
+def test_teardown_removes_links_processes_and_record(sky_home: Path):
+    c = pytest_sky.launch(num_nodes=2, name=f"lbdown-{os.getpid() % 10000}")
+    data = dict(c.record.backend_data)
+    assert gone(data, data["bridge"]) == [data["bridge"], *data["veths"], *(str(n["pid"]) for n in data["nodes"])]
+    c.down()
+    assert gone(data, data["bridge"]) == []
+    assert StateStore().load(c.name) is None
+    c.down()  # idempotent
+
+
+def test_parallel_launches_get_distinct_subnets(sky_home: Path):
+    clusters: list[pytest_sky.Cluster] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            clusters.append(pytest_sky.launch(num_nodes=2, name=f"lbpar{i}-{os.getpid() % 10000}"))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        subnets = {c.node_ips[0].rsplit(".", 1)[0] for c in clusters}
+        assert len(subnets) == 4
+    finally:
+        for c in clusters:
+            c.down()
+
+
+def test_failed_provision_leaves_nothing(sky_home: Path, monkeypatch: pytest.MonkeyPatch):
+    real = netns.require_tools
+
+    def broken_sshd() -> dict[str, str]:
+        tools = real()
+        tools["sshd"] = "/bin/false"
+        return tools
+
+    monkeypatch.setattr(netns, "require_tools", broken_sshd)
+    before = set(netns_links())
+    with pytest.raises(ProvisionError, match="did not come up"):
+        pytest_sky.launch(num_nodes=2, name=f"lbfail-{os.getpid() % 10000}")
+    assert set(netns_links()) == before
+    assert StateStore().load(f"lbfail-{os.getpid() % 10000}") is None
+
+
+def netns_links() -> list[str]:
+    from pytest_sky.doctor import leaked_links
+
+    return leaked_links()
+
+
+def test_invalid_cluster_name_is_refused_before_anything_exists(sky_home: Path):
+    with pytest.raises(TaskError, match="invalid cluster name"):
+        pytest_sky.launch(num_nodes=2, name="Bad_Name")
+
+
+def test_mtu_option(sky_home: Path):
+    with pytest_sky.launch(num_nodes=2, name=f"lbmtu-{os.getpid() % 10000}", backend_options={"mtu": 1500}) as c:
+        assert by_rank(c.run("cat /sys/class/net/eth0/mtu")) == ["1500", "1500"]
+    with pytest.raises(ProvisionError, match="MTU"):
+        LocalBackend(mtu=70000)
+
+
+def test_without_root_the_error_says_what_to_do(tmp_path_factory: pytest.TempPathFactory):
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="psky-nonroot-"))  # reachable by an unprivileged user
+    os.chmod(home, 0o777)
+    code = (
+        "import pytest_sky\n"
+        "try:\n"
+        "    pytest_sky.launch(num_nodes=2, name='nonroot')\n"
+        "except pytest_sky.SkyError as e:\n"
+        "    print(e)\n"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTEST_SKY_HOME": str(home)},
+        timeout=60,
+        check=False,
+    )
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    assert "needs root" in lines[0] and "CAP_NET_ADMIN" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("nf", "rules", "problem"),
+    [
+        ("1\n", "-P FORWARD DROP\n", True),
+        ("1\n", "-P FORWARD ACCEPT\n", False),
+        ("0\n", "-P FORWARD DROP\n", False),
+        ("1\n", "-P FORWARD DROP\n-A FORWARD -i psky+ -o psky+ -j ACCEPT\n", False),
+        (None, "-P FORWARD DROP\n", False),
+    ],
+)
+def test_forward_policy_detection(nf, rules, problem):
+    message = netns.forward_policy_problem(nf, rules)
+    assert (message is not None) == problem
+    if message:
+        assert "iptables" in message and "\n" not in message
