@@ -52,9 +52,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
     table = [[str(row[h.lower()]) for h in headers] for row in rows]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
     return 0
 
 

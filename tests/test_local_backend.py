@@ -102,7 +102,8 @@ def test_mtu_is_high_by_default(cluster3):
 
 def test_private_home_run_and_keys(cluster3):
     res = cluster3.run(
-        'echo "$HOME"; stat -c %a ~/.ssh/id_ed25519; touch /run/only-here-$SKYPILOT_NODE_RANK; ls /run | grep -c only-here'
+        'echo "$HOME"; stat -c %a ~/.ssh/id_ed25519; touch /run/only-here-$SKYPILOT_NODE_RANK;'
+        "ls /run | grep -c only-here"
     )
     homes = set()
     for out in by_rank(res):
