@@ -1,0 +1,86 @@
+"""Ctrl-C (SIGINT) at the moments that matter: while nodes come up, and while a task runs.
+
+Each case runs pytest in a subprocess, waits for the inner test to report where it is (a
+file it writes: the real signal), interrupts it, and checks that nothing of its cluster is
+left: no record, no link, no node process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_sky.backends import netns
+
+INNER_RUN = """
+import os, pathlib
+
+def test_long_run(sky_cluster):
+    pathlib.Path(os.environ["SIGNAL_FILE"]).write_text(sky_cluster.name)
+    sky_cluster.run("sleep 120")
+"""
+
+INNER_PROVISION = """
+import os, pathlib, time
+from pytest_sky.backends import local
+
+def slow_ready(self, started):
+    pathlib.Path(os.environ["SIGNAL_FILE"]).write_text("provisioning")
+    time.sleep(120)  # interrupted by the test, never waited out
+
+local.LocalBackend._wait_ready = slow_ready
+
+def test_never_gets_a_cluster(sky_cluster):
+    pass
+"""
+
+
+def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"inner pytest exited early ({proc.returncode}):\n{out}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"inner pytest did not reach {path.name} within {timeout} s")
+        time.sleep(0.02)
+
+
+def records(home: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (home / "clusters").glob("*/record.json")]
+
+
+@pytest.mark.parametrize("inner", [INNER_RUN, INNER_PROVISION], ids=["during-run", "during-provisioning"])
+def test_ctrl_c_tears_the_cluster_down(tmp_path: Path, inner: str):
+    home = tmp_path / "home"
+    (tmp_path / "test_inner.py").write_text(inner)
+    signal_file = tmp_path / "signal"
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "SIGNAL_FILE": str(signal_file)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    wait_for(signal_file, proc)
+    (record,) = records(home)  # the cluster exists, or is being made, right now
+    data = record["backend_data"]
+    links = [data["bridge"], *data["veths"]]
+    assert netns.link_exists(data["bridge"])
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode()
+    assert proc.returncode == 2, text  # pytest's "interrupted"
+    assert "KeyboardInterrupt" in text
+    assert records(home) == []
+    assert [n for n in links if netns.link_exists(n)] == []
+    assert [n["pid"] for n in data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))] == []
