@@ -207,22 +207,25 @@ def _alive(pid: int) -> bool:
 
 
 class _Emitter:
-    """Writes events to stdout and the job's log file, one writer at a time."""
+    """Writes events to the client (attached runs) and to the job's files, one writer at a time."""
 
-    def __init__(self, log_path: str | None) -> None:
+    def __init__(self, job_dir: str, *, to_stdout: bool) -> None:
         import threading
 
         self._lock = threading.Lock()
-        self._out = sys.stdout.buffer
-        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115
-        self.client_gone = False
+        self._out = sys.stdout.buffer if to_stdout else None
+        self._log = open(os.path.join(job_dir, "run.log"), "ab")  # noqa: SIM115 - lives as long as the job
+        self._events = open(os.path.join(job_dir, "events.jsonl"), "ab")  # noqa: SIM115
+        self.client_gone = not to_stdout
 
     def event(self, **fields: object) -> None:
         import json
 
         data = json.dumps(fields, separators=(",", ":")).encode() + b"\n"
         with self._lock:
-            if self.client_gone:
+            self._events.write(data)
+            self._events.flush()
+            if self.client_gone or self._out is None:
                 return
             try:
                 self._out.write(data)
@@ -231,10 +234,9 @@ class _Emitter:
                 self.client_gone = True
 
     def log(self, text: str) -> None:
-        if self._log is not None:
-            with self._lock:
-                self._log.write(text.encode("utf-8", "replace"))
-                self._log.flush()
+        with self._lock:
+            self._log.write(text.encode("utf-8", "replace"))
+            self._log.flush()
 
 
 class _Rank:
@@ -430,14 +432,104 @@ def _run_phase(
     return codes, 0, None
 
 
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def _jobs_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".sky", "jobs")
+
+
+def _write_status(job_dir: str, **fields: object) -> dict:
+    import json
+
+    path = os.path.join(job_dir, "status.json")
+    record = _read_status(job_dir) or {}
+    record.update(fields)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+    return record
+
+
+def _read_status(job_dir: str) -> dict | None:
+    import json
+
+    try:
+        with open(os.path.join(job_dir, "status.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _execute(spec: dict, job_id: int, task_id: str, job_dir: str, emitter: _Emitter, cancelled) -> dict:
+    """Run setup then run on every rank; record and return the job's final status."""
+    import json
+
+    _write_status(job_dir, status="RUNNING", pid=os.getpid(), started=time.time())
+    ips = "\n".join(n["ip"] for n in spec["nodes"])
+    gpus = str(spec.get("gpus_per_node", 0))
+    base = dict(spec.get("env", {}))
+    base["SKYPILOT_TASK_ID"] = task_id
+    base["SKYPILOT_CLUSTER_INFO"] = json.dumps(spec["cluster_info"])
+    base["SKYPILOT_NUM_NODES"] = str(len(spec["nodes"]))
+    rank_env = spec.get("rank_env", {})
+
+    def setup_env(rank: int) -> dict:
+        env = dict(base)
+        env.update(
+            SKYPILOT_SETUP_NODE_IPS=ips, SKYPILOT_SETUP_NODE_RANK=str(rank), SKYPILOT_SETUP_NUM_GPUS_PER_NODE=gpus
+        )
+        env.update(rank_env.get(str(rank), {}))
+        return env
+
+    def run_env(rank: int) -> dict:
+        env = dict(base)
+        env.update(SKYPILOT_NODE_IPS=ips, SKYPILOT_NODE_RANK=str(rank), SKYPILOT_NUM_GPUS_PER_NODE=gpus)
+        env.update(rank_env.get(str(rank), {}))
+        return env
+
+    returncode, error, codes = 0, None, [0] * len(spec["nodes"])
+    for phase, env_for in (("setup", setup_env), ("run", run_env)):
+        if not spec.get(phase) or cancelled.is_set():
+            continue
+        emitter.event(e="phase", phase=phase)
+        codes, returncode, error = _run_phase(phase, spec, env_for, emitter, cancelled)
+        if error:
+            break
+    if cancelled.is_set() and returncode == 0 and not error:
+        returncode, error = 130, "the job was cancelled before it ran"
+    status = "SUCCEEDED" if returncode == 0 else ("CANCELLED" if cancelled.is_set() else "FAILED")
+    emitter.event(e="done", returncode=returncode, error=error, codes=codes, status=status)
+    return _write_status(job_dir, status=status, returncode=returncode, error=error, ended=time.time())
+
+
+def _new_job(spec: dict, detached: bool) -> tuple[int, str, str]:
+    import json
+
+    job_id, task_id, job_dir = _allocate_job(os.path.expanduser("~"), spec["cluster"])
+    with open(os.path.join(job_dir, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    _write_status(
+        job_dir,
+        id=job_id,
+        task_id=task_id,
+        status="PENDING",
+        submitted=time.time(),
+        detached=detached,
+        name=spec.get("task_name"),
+        num_nodes=len(spec["nodes"]),
+    )
+    return job_id, task_id, job_dir
+
+
 def run_main() -> int:
+    """An attached run: events to stdout (and the job's files); stdin is the lifeline."""
     import json
     import threading
 
     spec = json.loads(sys.stdin.buffer.readline())
-    home = os.path.expanduser("~")
-    job_id, task_id, job_dir = _allocate_job(home, spec["cluster"])
-    emitter = _Emitter(os.path.join(job_dir, "run.log"))
+    job_id, task_id, job_dir = _new_job(spec, detached=False)
+    emitter = _Emitter(job_dir, to_stdout=True)
     emitter.event(e="job", id=job_id, task_id=task_id)
     cancelled = threading.Event()
 
@@ -453,51 +545,184 @@ def run_main() -> int:
     threading.Thread(target=lifeline, daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: cancelled.set())
     signal.signal(signal.SIGHUP, lambda *_: cancelled.set())
-
-    ips = "\n".join(n["ip"] for n in spec["nodes"])
-    num_nodes = str(len(spec["nodes"]))
-    gpus = str(spec.get("gpus_per_node", 0))
-    base = dict(spec.get("env", {}))
-    base["SKYPILOT_TASK_ID"] = task_id
-    base["SKYPILOT_CLUSTER_INFO"] = json.dumps(spec["cluster_info"])
-    base["SKYPILOT_NUM_NODES"] = num_nodes
-
-    def setup_env(rank: int) -> dict:
-        env = dict(base)
-        env.update(
-            SKYPILOT_SETUP_NODE_IPS=ips, SKYPILOT_SETUP_NODE_RANK=str(rank), SKYPILOT_SETUP_NUM_GPUS_PER_NODE=gpus
-        )
-        env.update(spec.get("rank_env", {}).get(str(rank), {}))
-        return env
-
-    def run_env(rank: int) -> dict:
-        env = dict(base)
-        env.update(SKYPILOT_NODE_IPS=ips, SKYPILOT_NODE_RANK=str(rank), SKYPILOT_NUM_GPUS_PER_NODE=gpus)
-        env.update(spec.get("rank_env", {}).get(str(rank), {}))
-        return env
-
-    returncode, error, codes = 0, None, [0] * len(spec["nodes"])
-    for phase, env_for in (("setup", setup_env), ("run", run_env)):
-        if not spec.get(phase):
-            continue
-        emitter.event(e="phase", phase=phase)
-        codes, returncode, error = _run_phase(phase, spec, env_for, emitter, cancelled)
-        if error:
-            break
-    status = "SUCCEEDED" if returncode == 0 else ("CANCELLED" if cancelled.is_set() else "FAILED")
-    with open(os.path.join(job_dir, "status"), "w") as f:
-        f.write(status)
-    emitter.event(e="done", returncode=returncode, error=error, codes=codes, status=status)
+    _execute(spec, job_id, task_id, job_dir, emitter, cancelled)
     return 0
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[1] not in ("run", "rank"):
-        sys.stderr.write("usage: agent.py run|rank (spec as JSON on the first line of stdin)\n")
+def submit_main() -> int:
+    """A detached job: a daemon on the head runs it; we print its id and return at once."""
+    import json
+
+    spec = json.loads(sys.stdin.buffer.readline())
+    job_id, task_id, job_dir = _new_job(spec, detached=True)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        try:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            log = os.open(os.path.join(job_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(devnull, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            import threading
+
+            cancelled = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: cancelled.set())
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            _execute(spec, job_id, task_id, job_dir, _Emitter(job_dir, to_stdout=False), cancelled)
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - a daemon has nobody to raise to
+            _write_status(job_dir, status="FAILED", error=f"agent error: {exc!r}", ended=time.time())
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+    sys.stdout.write(json.dumps({"e": "job", "id": job_id, "task_id": task_id}) + "\n")
+    return 0
+
+
+def _job_dirs(which: str) -> list[str]:
+    root = _jobs_dir()
+    if which == "all":
+        try:
+            ids = sorted(int(d) for d in os.listdir(root) if d.isdigit())
+        except OSError:
+            ids = []
+        return [os.path.join(root, str(i)) for i in ids]
+    return [os.path.join(root, str(int(which)))]
+
+
+def jobs_main(argv: list[str]) -> int:
+    """``jobs all|ID``: the job records as one JSON list (the queue)."""
+    import json
+
+    out = []
+    for d in _job_dirs(argv[0] if argv else "all"):
+        record = _read_status(d)
+        if record is None:
+            continue
+        orphaned = record.get("status") == "RUNNING" or time.time() - record.get("submitted", 0) > 30
+        if record.get("status") in ("PENDING", "RUNNING") and orphaned and not _pid_alive(record.get("pid")):
+            record = _write_status(d, status="FAILED", error="the job's agent died", ended=time.time())
+        out.append(record)
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+def _pid_alive(pid: object) -> bool:
+    return isinstance(pid, int) and pid > 0 and _alive(pid)
+
+
+def wait_main(argv: list[str]) -> int:
+    """``wait ID SECONDS``: block until the job ends (exit 0) or the bound passes (exit 3)."""
+    import json
+
+    job_dir = _job_dirs(argv[0])[0]
+    deadline = time.monotonic() + float(argv[1])
+    while True:
+        record = _read_status(job_dir)
+        if record is None:
+            sys.stderr.write(f"no job {argv[0]}\n")
+            return 2
+        if record.get("status") in TERMINAL:
+            sys.stdout.write(json.dumps(record) + "\n")
+            return 0
+        if record.get("status") == "RUNNING" and not _pid_alive(record.get("pid")):
+            record = _write_status(job_dir, status="FAILED", error="the job's agent died", ended=time.time())
+            continue
+        if time.monotonic() >= deadline:
+            sys.stdout.write(json.dumps(record) + "\n")
+            return 3
+        time.sleep(0.05)
+
+
+def logs_main(argv: list[str]) -> int:
+    """``logs ID [follow]``: the prefixed log so far, or followed until the job ends."""
+    job_dir = _job_dirs(argv[0])[0]
+    follow = len(argv) > 1 and argv[1] == "follow"
+    path = os.path.join(job_dir, "run.log")
+    out = sys.stdout.buffer
+    offset = 0
+    while True:
+        record = _read_status(job_dir) or {}
+        ended = record.get("status") in TERMINAL
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        if chunk:
+            offset += len(chunk)
+            out.write(chunk)
+            out.flush()
+        if not follow or (ended and not chunk):
+            return 0
+        if not chunk:
+            time.sleep(0.05)
+
+
+def events_main(argv: list[str]) -> int:
+    """``events ID``: the job's spec, then its events as recorded (to rebuild its RunResult)."""
+    import json
+
+    job_dir = _job_dirs(argv[0])[0]
+    try:
+        with open(os.path.join(job_dir, "spec.json")) as f:
+            spec = json.load(f)
+        with open(os.path.join(job_dir, "events.jsonl"), "rb") as f:
+            events = f.read()
+    except (OSError, ValueError):
         return 2
-    if argv[1] == "rank":
+    sys.stdout.buffer.write(json.dumps({"e": "spec", "spec": spec}).encode() + b"\n" + events)
+    return 0
+
+
+def cancel_main(argv: list[str]) -> int:
+    """``cancel ID|all``: SIGTERM each live job's agent (which stops every rank), then wait."""
+    import json
+
+    targets = []
+    for d in _job_dirs(argv[0] if argv else "all"):
+        record = _read_status(d)
+        if record and record.get("status") not in TERMINAL:
+            pid = record.get("pid")
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGTERM)
+                targets.append(d)
+            elif record.get("status") == "PENDING":
+                _write_status(d, status="CANCELLED", error="cancelled before it started", ended=time.time())
+    deadline = time.monotonic() + STOP_GRACE_SECONDS + 10
+    while targets and time.monotonic() < deadline:
+        targets = [d for d in targets if (_read_status(d) or {}).get("status") not in TERMINAL]
+        time.sleep(0.05)
+    sys.stdout.write(json.dumps([_read_status(d) for d in _job_dirs(argv[0] if argv else "all")]) + "\n")
+    return 0
+
+
+COMMANDS = {
+    "jobs": jobs_main,
+    "wait": wait_main,
+    "logs": logs_main,
+    "events": events_main,
+    "cancel": cancel_main,
+}
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[1] if len(argv) > 1 else ""
+    if mode == "rank":
         return rank_main()
-    return run_main()
+    if mode == "run":
+        return run_main()
+    if mode == "submit":
+        return submit_main()
+    if mode in COMMANDS:
+        return COMMANDS[mode](argv[2:])
+    sys.stderr.write("usage: agent.py run|submit|rank|jobs|wait|logs|events|cancel ...\n")
+    return 2
 
 
 if __name__ == "__main__":

@@ -5,19 +5,21 @@ This is the one Python API under both the pytest plugin and the command line.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, runner
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.backends.netns import is_alive, process_start_time
-from pytest_sky.errors import ClusterNotFoundError, ProvisionError, SkyError, TaskError
+from pytest_sky.errors import ClusterNotFoundError, ProvisionError, RunError, SkyError, TaskError
+from pytest_sky.job import Job
 from pytest_sky.resources import Resources
 from pytest_sky.runner import RunResult
 from pytest_sky.ssh import client as ssh_client
@@ -108,11 +110,7 @@ class Cluster:
         not raised; problems reaching the cluster raise :class:`RunError`.
         """
         task = self._as_task(cmd_or_task)
-        if task.num_nodes not in (1, self.num_nodes) and task.num_nodes != self.num_nodes:
-            raise TaskError(
-                f"task {task.display_name!r} asks for num_nodes={task.num_nodes} but cluster "
-                f"{self.name} has {self.num_nodes}; launch a cluster of that size"
-            )
+        self._check_fits(task)
         self._sync(task)
         spec = self._spec(task, env)
         result = runner.run(
@@ -126,6 +124,27 @@ class Cluster:
         self.last_result = result
         self.results.append(result)
         return result
+
+    def submit(self, cmd_or_task: str | Task, env: dict[str, str] | None = None) -> Job:
+        """Start a detached job on the head and return at once; it outlives this client."""
+        task = self._as_task(cmd_or_task)
+        self._check_fits(task)
+        self._sync(task)
+        spec = self._spec(task, env)
+        code, out = self._agent(["submit"], stdin=json.dumps(spec).encode() + b"\n")
+        try:
+            event = json.loads(out.splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RunError(f"could not submit a job to {self.name}: agent exit {code}") from None
+        return Job(self, event["id"], event["task_id"])
+
+    def queue(self) -> list[dict]:
+        """Every job of this cluster with its status (oldest first)."""
+        _, out = self._agent(["jobs", "all"])
+        return json.loads(out or b"[]")
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, int(job_id))
 
     def down(self) -> None:
         """Remove every node and the cluster's record; safe to call twice."""
@@ -149,6 +168,28 @@ class Cluster:
         return f"Cluster({self.name!r}, backend={self.backend!r}, num_nodes={self.num_nodes})"
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _check_fits(self, task: Task) -> None:
+        if task.num_nodes not in (1, self.num_nodes):
+            raise TaskError(
+                f"task {task.display_name!r} asks for num_nodes={task.num_nodes} but cluster "
+                f"{self.name} has {self.num_nodes}; launch a cluster of that size"
+            )
+
+    def _agent(self, args: list[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
+        return runner.agent_call(
+            self._connection(),
+            args,
+            python=self._record.python,
+            agent_path=bootstrap.AGENT_PATH,
+            stdin=stdin,
+            timeout=timeout,
+        )
+
+    def _agent_stream(self, args: list[str]) -> Iterator[str]:
+        return runner.agent_stream(
+            self._connection(), args, python=self._record.python, agent_path=bootstrap.AGENT_PATH
+        )
 
     def _as_task(self, cmd_or_task: str | Task) -> Task:
         if isinstance(cmd_or_task, Task):

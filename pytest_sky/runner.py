@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -181,3 +181,79 @@ def _stderr(chan: paramiko.Channel) -> str:
         return lines[-1] if lines else ""
     except Exception:  # noqa: BLE001 - diagnostics only
         return ""
+
+
+def agent_call(
+    client: paramiko.SSHClient,
+    args: list[str],
+    *,
+    python: str,
+    agent_path: str,
+    stdin: bytes | None = None,
+    timeout: float = 60.0,
+) -> tuple[int, bytes]:
+    """One short agent command on the head (jobs, wait, logs, cancel); returns (exit code, stdout)."""
+    import shlex
+
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise RunError("the connection to the head is closed")
+    chan = transport.open_session()
+    try:
+        chan.settimeout(timeout)
+        chan.exec_command(" ".join([python, "-I", "-S", agent_path, *(shlex.quote(a) for a in args)]))
+        if stdin is not None:
+            chan.sendall(stdin)
+        chan.shutdown_write()
+        out = b""
+        try:
+            while True:
+                chunk = chan.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except TimeoutError:
+            raise RunTimeoutError(f"agent command {args[0]} on the head did not answer within {timeout:g} s") from None
+        return chan.recv_exit_status(), out
+    finally:
+        chan.close()
+
+
+def agent_stream(client: paramiko.SSHClient, args: list[str], *, python: str, agent_path: str) -> Iterator[str]:
+    """Lines of a long-running agent command (``logs ID follow``), as they come."""
+    import shlex
+
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise RunError("the connection to the head is closed")
+    chan = transport.open_session()
+    try:
+        chan.exec_command(" ".join([python, "-I", "-S", agent_path, *(shlex.quote(a) for a in args)]))
+        chan.shutdown_write()
+        buf = b""
+        while True:
+            chunk = chan.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+        if buf:
+            yield buf.decode("utf-8", "replace")
+    finally:
+        chan.close()
+
+
+def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
+    """Rebuild a job's RunResult from ``agent.py events`` (None while it has not finished)."""
+    lines = [line for line in events.splitlines() if line.strip()]
+    if not lines:
+        return None
+    first = json.loads(lines[0])
+    if first.get("e") != "spec":
+        return None
+    collector = _Collector(first["spec"], None)
+    for line in lines[1:]:
+        collector.feed(line)
+    return collector.result(seconds) if collector.done is not None else None
