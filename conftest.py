@@ -1,34 +1,54 @@
 """Repository-wide test settings: a private state directory and a leak check at the end.
 
 The leak check is what the before-stop hook checks, made part of every run: after the
-session, no namespace node, link or sshd of ours may remain on this machine (this assumes
-no other pytest-sky run shares the machine at the same moment).
+session, no namespace node, link or sshd of this run may remain on this machine.  Another
+run on the same machine is told apart by paths: every link's alias and every node process's
+command line name the cluster directory they belong to.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
-# Keep this repository's runs away from a user's own ~/.pytest_sky.
-os.environ.setdefault("PYTEST_SKY_HOME", os.path.join(tempfile.gettempdir(), "pytest-sky-tests-home"))
+# Keep this repository's runs away from a user's own ~/.pytest_sky, and give each run its
+# own state directory (xdist workers inherit the controller's, set here before they start).
+if "PYTEST_SKY_HOME" not in os.environ:
+    os.environ["PYTEST_SKY_HOME"] = _OWN_HOME = tempfile.mkdtemp(prefix="pytest-sky-tests-")
+else:
+    _OWN_HOME = ""
 
 
-def leaked_resources() -> list[str]:
-    from pytest_sky.doctor import leaked_links, node_processes
+def leaked_resources(scopes: list[str]) -> list[str]:
+    """Links and node processes of ours that belong to this run: their alias or command line
+    names a path under one of ``scopes`` (another run on the same machine is not ours)."""
+    from pytest_sky.doctor import link_owners, node_processes
 
-    return [f"link {n}" for n in leaked_links()] + [f"process {p}: {c}" for p, c in node_processes()]
+    def mine(text: str) -> bool:
+        return any(scope in text for scope in scopes)
+
+    leaks = [f"link {n} ({owner})" for n, owner in link_owners().items() if mine(owner)]
+    leaks += [f"process {p}: {c}" for p, c in node_processes() if mine(c)]
+    return leaks
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return  # xdist workers: the controller checks once everything is done
-    leaks = leaked_resources()
+    scopes = [os.environ["PYTEST_SKY_HOME"]]
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None:
+        scopes.append(str(factory.getbasetemp()))
+    leaks = leaked_resources(scopes)
     if leaks:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line("pytest-sky leak check: left on this machine: " + ", ".join(leaks), red=True)
+            reporter.write_line("pytest-sky leak check: left on this machine: " + "; ".join(leaks), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif _OWN_HOME and not any((Path(_OWN_HOME) / "clusters").glob("*/record.json")):
+        shutil.rmtree(_OWN_HOME, ignore_errors=True)

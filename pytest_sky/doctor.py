@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pytest_sky.backends.netns import LINK_PREFIX
+from pytest_sky.backends.netns import LINK_PREFIX, link_alias
 
 
 def leaked_links() -> list[str]:
@@ -20,6 +20,11 @@ def leaked_links() -> list[str]:
     except OSError:
         return []
     return sorted(n for n in names if n.startswith(LINK_PREFIX))
+
+
+def link_owners() -> dict[str, str]:
+    """Our links, each with its owner (the cluster directory in the link's alias)."""
+    return {n: link_alias(n) for n in leaked_links()}
 
 
 def node_processes() -> list[tuple[int, str]]:
@@ -45,7 +50,7 @@ def leftovers(store_root: Path | None = None) -> list[str]:
     from pytest_sky.cluster import owner_alive
     from pytest_sky.state import StateStore
 
-    out = [f"link {name}" for name in leaked_links()]
+    out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]
     out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
     try:
         for record in StateStore(store_root).records():

@@ -154,7 +154,7 @@ class LocalBackend(Backend):
 
     def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
         tools = netns.require_tools()
-        index = self._lease_subnet(tools["ip"])
+        index = self._lease_subnet(tools["ip"], str(request.cluster_dir))
         subnet, base = subnet_of(index)
         record.backend_data = {
             "index": index,
@@ -226,7 +226,7 @@ class LocalBackend(Backend):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _lease_subnet(self, ip: str) -> int:
+    def _lease_subnet(self, ip: str, owner: str) -> int:
         mtu = self.mtu
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
@@ -234,7 +234,7 @@ class LocalBackend(Backend):
             if netns.link_exists(bridge_name(index)):
                 continue
             subnet, base = subnet_of(index)
-            if netns.create_bridge(ip, bridge_name(index), base + "1", 24, subnet, mtu):
+            if netns.create_bridge(ip, bridge_name(index), base + "1", 24, subnet, mtu, owner):
                 return index
         raise ProvisionError(
             f"all {NUM_SUBNETS} local cluster subnets are in use: tear clusters down with "

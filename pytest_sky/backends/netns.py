@@ -185,11 +185,14 @@ def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
-def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int) -> bool:
+def create_bridge(
+    ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = ""
+) -> bool:
     """Create the cluster's bridge; False when the name is taken (another process holds it).
 
     Creating the link is atomic in the kernel, which makes the bridge name a race-free lease
-    on its subnet across processes, xdist workers and state directories alike.
+    on its subnet across processes, xdist workers and state directories alike.  ``owner``
+    (the cluster's directory) goes into the link's alias, so a leftover link says whose it is.
     """
     proc = subprocess.run(
         [ip, "link", "add", name, "mtu", str(mtu), "type", "bridge"],
@@ -205,6 +208,7 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
     try:
         # Bridged frames between nodes of one cluster; no STP delay, no forwarding delay.
         Path(f"/sys/class/net/{name}/bridge/forward_delay").write_text("0")
+        set_alias(name, owner)
         ip_batch(
             ip,
             [
@@ -217,6 +221,18 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
         delete_links(ip, [name])
         raise
     return True
+
+
+def set_alias(link: str, alias: str) -> None:
+    if alias:
+        Path(f"/sys/class/net/{link}/ifalias").write_text(alias[:255])
+
+
+def link_alias(link: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{link}/ifalias").read_text().strip()
+    except OSError:
+        return ""
 
 
 def delete_links(ip: str, names: Sequence[str]) -> None:
@@ -252,6 +268,8 @@ def start_nodes(
             commands.append(f"link add {node.veth} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {node.pid}")
             commands.append(f"link set {node.veth} master {bridge} up")
         ip_batch(tools["ip"], commands)
+        for node in started:
+            set_alias(node.veth, str(Path(node.log_path).parent))
         for node in started:
             assert node.popen is not None and node.popen.stdin is not None
             node.popen.stdin.write(b"go\n")
