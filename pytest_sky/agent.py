@@ -272,6 +272,11 @@ class _Rank:
                 "ControlPath=/run/psky-cm-%C",
                 "-o",
                 "ControlPersist=120",
+                # A worker that vanishes (its node killed, its link gone) fails the run in ~4 s.
+                "-o",
+                "ServerAliveInterval=1",
+                "-o",
+                "ServerAliveCountMax=4",
                 node["ssh_target"],
                 f"{python} -I -S {agent} rank",
             ]
@@ -425,9 +430,11 @@ def _run_phase(
     if first_failure:
         r = first_failure[0]
         code = r.code if r.code is not None else 1
+        reason = r.ssh_error.strip().splitlines()[-1] if r.ssh_error.strip() else "no output from ssh"
         if r.rank and r.code == 255 and not r.pid:
-            reason = r.ssh_error.splitlines()[-1] if r.ssh_error else "no output from ssh"
             return codes, code, f"{phase} failed: {r.describe()} could not be reached from the head over SSH: {reason}"
+        if r.rank and r.code == 255:
+            return codes, code, f"{phase} failed: lost the SSH connection to {r.describe()} ({reason})"
         return codes, code, f"{phase} failed on {r.describe()} with exit code {r.code}"
     return codes, 0, None
 

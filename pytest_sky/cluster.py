@@ -226,6 +226,7 @@ class Cluster:
             "cluster_info": self._record.cluster_info,
             "python": self._record.python,
             "agent_path": bootstrap.AGENT_PATH,
+            "rank_env": self._backend.rank_env(self._record),
         }
 
     def _gpus_per_node(self, task: Task) -> int:

@@ -164,9 +164,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _backend_has_gpu(settings: SkySettings) -> bool:
     if settings.backend == "local":
-        from pathlib import Path
+        from pytest_sky import gpus
 
-        return any(Path("/dev").glob("nvidia[0-9]*"))
+        visible = gpus.visible_from_env()
+        return bool(visible if visible is not None else gpus.detect_devices())
     return True  # a Kubernetes cluster's GPUs are the scheduler's to judge
 
 

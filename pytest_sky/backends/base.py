@@ -60,6 +60,10 @@ class Backend(ABC):
     def destroy(self, record: ClusterRecord) -> None:
         """Remove everything of the cluster; tolerate parts that are already gone."""
 
+    def rank_env(self, record: ClusterRecord) -> dict[str, dict[str, str]]:
+        """Per-rank environment (rank as a string -> variables), e.g. each node's GPU share."""
+        return {}
+
     def forward_env(self) -> dict[str, str]:
         """Environment every rank gets from this backend (the local one forwards PATH)."""
         return {}

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from pytest_sky import gpus
 from pytest_sky.backends import netns
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import ProvisionError, ResourcesError
@@ -117,11 +118,14 @@ class LocalBackend(Backend):
     name = "local"
     cloud_label = "Local"
 
-    def __init__(self, mtu: int | None = None, ready_timeout: float = READY_TIMEOUT) -> None:
+    def __init__(
+        self, mtu: int | None = None, ready_timeout: float = READY_TIMEOUT, devices: list[str] | None = None
+    ) -> None:
         self.mtu = int(mtu or os.environ.get("PYTEST_SKY_MTU") or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
             raise ProvisionError(f"MTU must be between 1280 and 65535, got {self.mtu} (PYTEST_SKY_MTU)")
         self.ready_timeout = ready_timeout
+        self._devices = devices
         self._nodes: dict[str, list[netns.NodeProcess]] = {}
 
     # -- interface -------------------------------------------------------------------------
@@ -131,14 +135,21 @@ class LocalBackend(Backend):
             raise ResourcesError(
                 f"num_nodes={num_nodes} is more than the local backend's {MAX_NODES} nodes per cluster"
             )
-        if resources.accelerators is not None and not _host_gpus():
-            raise ResourcesError(
-                f"resources.accelerators={resources.accelerators} but this machine has no GPU; "
-                "drop the accelerator request or run on a machine (or --kubernetes cluster) with GPUs"
-            )
+        gpus.allocate(self.devices(), num_nodes, resources.accelerators)  # refuses what cannot fit
         netns.require_privileges()
         netns.require_tools()
         netns.check_forward_policy()
+
+    def devices(self) -> list[str]:
+        """GPUs the nodes may share: injected (tests), else CUDA_VISIBLE_DEVICES, else all."""
+        if self._devices is None:
+            visible = gpus.visible_from_env()
+            self._devices = visible if visible is not None else gpus.detect_devices()
+        return self._devices
+
+    def rank_env(self, record: ClusterRecord) -> dict[str, dict[str, str]]:
+        shares = record.backend_data.get("cuda_visible_devices") or []
+        return {str(rank): {"CUDA_VISIBLE_DEVICES": share} for rank, share in enumerate(shares)}
 
     def forward_env(self) -> dict[str, str]:
         """The interpreter pytest runs under comes first on every node's PATH, activated or not,
@@ -162,6 +173,9 @@ class LocalBackend(Backend):
             "veths": [veth_name(index, r) for r in range(request.num_nodes)],
             "nodes": [],
         }
+        record.backend_data["cuda_visible_devices"] = gpus.allocate(
+            self.devices(), request.num_nodes, request.resources.accelerators
+        )
         record.head_host = base + "2"
         record.python = sys.executable
         request.checkpoint(record)
@@ -317,10 +331,6 @@ def _is_child_of(pid: int, parent: int) -> bool:
     except OSError:
         return False
     return int(stat[stat.rindex(")") + 2 :].split()[1]) == parent
-
-
-def _host_gpus() -> list[str]:
-    return sorted(p.name for p in Path("/dev").glob("nvidia[0-9]*"))
 
 
 def _copy(src: Path, dest: Path) -> None:

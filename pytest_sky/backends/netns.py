@@ -185,9 +185,7 @@ def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
-def create_bridge(
-    ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = ""
-) -> bool:
+def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = "") -> bool:
     """Create the cluster's bridge; False when the name is taken (another process holds it).
 
     Creating the link is atomic in the kernel, which makes the bridge name a race-free lease
