@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ class SkySettings:
 @dataclass
 class _SessionState:
     settings: SkySettings
+    started: float = field(default_factory=time.time)
     kept: list[Cluster] = field(default_factory=list)
     live: list[Cluster] = field(default_factory=list)
 
@@ -76,16 +78,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kube-context",
         dest="sky_kube_context",
         default=None,
+        metavar="CONTEXT",
         help="kubeconfig context to use [PYTEST_SKY_KUBE_CONTEXT]",
     )
     group.addoption(
         "--kube-namespace",
         dest="sky_kube_namespace",
         default=None,
+        metavar="NAMESPACE",
         help="namespace for the cluster's pods [PYTEST_SKY_KUBE_NAMESPACE]",
     )
     group.addoption(
-        "--kube-image", dest="sky_kube_image", default=None, help="container image of every pod [PYTEST_SKY_KUBE_IMAGE]"
+        "--kube-image",
+        dest="sky_kube_image",
+        default=None,
+        metavar="IMAGE",
+        help="container image of every pod [PYTEST_SKY_KUBE_IMAGE]",
     )
     group.addoption(
         "--keep-clusters",
@@ -99,6 +107,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="sky_mtu",
         type=int,
         default=None,
+        metavar="MTU",
         help="MTU of local cluster links (default 65535) [PYTEST_SKY_MTU]",
     )
 
@@ -110,11 +119,20 @@ def _setting(config: pytest.Config, dest: str, env: str) -> Any:
     return value
 
 
+def _truthy(value: object) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
+
+
 def settings_from(config: pytest.Config) -> SkySettings:
-    backend = _setting(config, "sky_backend", "BACKEND") or "local"
-    kube = _setting(config, "sky_kubernetes", "KUBERNETES")
-    if kube is True or (isinstance(kube, str) and kube.lower() in _TRUE):
+    # The command line wins over the environment; within each, --kubernetes wins over --backend.
+    if config.getoption("sky_kubernetes"):
         backend = "kubernetes"
+    elif config.getoption("sky_backend"):
+        backend = config.getoption("sky_backend")
+    elif _truthy(os.environ.get(ENV_PREFIX + "KUBERNETES")):
+        backend = "kubernetes"
+    else:
+        backend = os.environ.get(ENV_PREFIX + "BACKEND") or "local"
     if backend not in ("local", "kubernetes", "k8s"):
         raise pytest.UsageError(f"PYTEST_SKY_BACKEND={backend!r} is not a backend: use 'local' or 'kubernetes'")
     keep = _setting(config, "sky_keep_clusters", "KEEP_CLUSTERS")
@@ -128,7 +146,7 @@ def settings_from(config: pytest.Config) -> SkySettings:
         kube_context=_setting(config, "sky_kube_context", "KUBE_CONTEXT"),
         kube_namespace=_setting(config, "sky_kube_namespace", "KUBE_NAMESPACE"),
         kube_image=_setting(config, "sky_kube_image", "KUBE_IMAGE"),
-        keep_clusters=keep is True or (isinstance(keep, str) and keep.lower() in _TRUE),
+        keep_clusters=_truthy(keep),
         mtu=mtu_value,
     )
 
@@ -171,16 +189,23 @@ def _backend_has_gpu(settings: SkySettings) -> bool:
     return True  # a Kubernetes cluster's GPUs are the scheduler's to judge
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    settings = item.config.stash[_state_key].settings
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Backend-dependent skips, as markers: the report then points at the test, with the reason."""
+    settings = config.stash[_state_key].settings
     on_k8s = settings.backend == "kubernetes"
-    if item.get_closest_marker("kubernetes") and not on_k8s:
-        pytest.skip("runs only on the Kubernetes backend (--kubernetes)")
-    if item.get_closest_marker("no_kubernetes") and on_k8s:
-        pytest.skip("not supported on the Kubernetes backend")
-    if item.get_closest_marker("gpu") and not _backend_has_gpu(settings):
-        pytest.skip(f"needs a GPU; the {settings.backend} backend has none on this machine")
+    has_gpu: bool | None = None
+    for item in items:
+        if item.get_closest_marker("kubernetes") and not on_k8s:
+            item.add_marker(pytest.mark.skip(reason="runs only on the Kubernetes backend (--kubernetes)"))
+        if item.get_closest_marker("no_kubernetes") and on_k8s:
+            item.add_marker(pytest.mark.skip(reason="not supported on the Kubernetes backend"))
+        if item.get_closest_marker("gpu"):
+            if has_gpu is None:
+                has_gpu = _backend_has_gpu(settings)
+            if not has_gpu:
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs a GPU; the {settings.backend} backend has none on this machine")
+                )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -212,14 +237,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Kept clusters, read from the state store: under xdist the workers kept them."""
     state = terminalreporter.config.stash.get(_state_key, None)
-    if not state or not state.kept:
+    if not state or not state.settings.keep_clusters:
+        return
+    from pytest_sky.state import StateStore
+
+    store = StateStore()
+    kept = [r for r in store.records() if r.keep and r.created >= state.started]
+    if not kept:
         return
     terminalreporter.section("pytest-sky: kept clusters")
-    for c in state.kept:
+    for r in kept:
+        cfg = store.cluster_dir(r.name) / "ssh_config"
         terminalreporter.write_line(
-            f"{c.name}: {c.num_nodes} node(s), head {c.node_ips[0] if c.node_ips else '?'}; "
-            f"ssh -F {c.ssh_config} {c.name}; remove with: pytest-sky down {c.name}"
+            f"{r.name}: {r.num_nodes} node(s), head {r.node_ips[0] if r.node_ips else '?'}; "
+            f"ssh -F {cfg} {r.name}; remove with: pytest-sky down {r.name}"
         )
 
 
@@ -282,8 +315,11 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
                 **resources,
             )
         except SkyError as exc:
-            pytest.fail(f"pytest-sky: {exc}", pytrace=False)
-        return cluster
+            problem = str(exc)
+        else:
+            return cluster
+        # Outside the except block: the report shows one line, not a chained traceback.
+        pytest.fail(f"pytest-sky: {problem}", pytrace=False)
 
     def _track(cluster: Cluster) -> None:
         mine.append(cluster)
@@ -315,7 +351,11 @@ def _marker_shape(item: pytest.Item) -> dict[str, Any]:
     kwargs = dict(marker.kwargs)
     if marker.args:
         if len(marker.args) > 1 or "num_nodes" in kwargs:
-            raise pytest.UsageError(f"{item.nodeid}: multinode() takes num_nodes as its only positional argument")
+            pytest.fail(
+                "pytest-sky: multinode() takes num_nodes once, as its only positional argument "
+                "or as num_nodes=N (e.g. @pytest.mark.multinode(num_nodes=3))",
+                pytrace=False,
+            )
         kwargs["num_nodes"] = marker.args[0]
     allowed = {"num_nodes", "gpus", "cpus", "memory"}
     unknown = sorted(set(kwargs) - allowed)
