@@ -1,19 +1,44 @@
-"""``pytest-sky``: look at and clean up clusters from a shell.
+"""``pytest-sky``: the same clusters as the plugin, by hand.
 
-This first version covers what a user needs around test runs: ``status``, ``down`` and
-``doctor`` (what of ours is left on this machine).  It uses the same Python API as the plugin.
+Users debug a failing multi-node test by launching the same cluster, looking at it, going
+onto the head and from there to a worker, rerunning the task and reading the logs.  Every
+command goes through the Python API the plugin uses (``pytest_sky.cluster``); there is no
+second code path.  User errors are one line and exit 2; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from pytest_sky import console
-from pytest_sky.errors import SkyError
+from pytest_sky.errors import CommandFailedError, SkyError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(SkyError):
+    """Bad arguments: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line that says where to look, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        console.error(f"{message} (see `{self.prog} --help`)")
+        sys.exit(EXIT_USAGE)
+
+
+# ----------------------------------------------------------------------------- helpers
 
 
 def _age(created: float) -> str:
@@ -24,13 +49,149 @@ def _age(created: float) -> str:
     return f"{seconds}s"
 
 
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    if console.interactive():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*headers, box=None, header_style="bold")
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _task_from_args(task_args: list[str], num_nodes: int | None = None):
+    """A YAML path, a command after ``--``, or one quoted command string -> Task (or None)."""
+    from pytest_sky.task import Task
+
+    if not task_args:
+        return None
+    if len(task_args) == 1 and task_args[0].endswith((".yaml", ".yml")):
+        return Task.from_yaml(task_args[0])
+    return Task(run=" ".join(task_args), num_nodes=num_nodes or 1)
+
+
+def _resources(args: argparse.Namespace):
+    from pytest_sky.resources import Resources
+
+    return Resources.from_kwargs(gpus=args.gpus, cpus=args.cpus, memory=args.memory)
+
+
+def _cluster(name: str):
+    from pytest_sky.cluster import get_cluster
+
+    return get_cluster(name)
+
+
+def _follow(cluster, job) -> int:
+    """Stream a job's log; Ctrl-C stops following, never the job."""
+    try:
+        for line in job.logs(follow=True):
+            print(line, flush=True)
+        status = job.wait(60)
+    except KeyboardInterrupt:
+        console.hint(
+            f"job {job.id} keeps running on {cluster.name}; follow it with "
+            f"`pytest-sky logs {cluster.name} {job.id} --follow`, stop it with "
+            f"`pytest-sky cancel {cluster.name} {job.id}`"
+        )
+        return EXIT_INTERRUPTED
+    result = job.result()
+    if result is not None and result.error:
+        console.error(f"job {job.id}: {result.error}")
+    if result is not None:
+        return result.returncode
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def _run_task(cluster, task, detach: bool) -> int:
+    console.progress(f"submitting {'setup and run' if task.setup else 'run'} to {cluster.name}")
+    job = cluster.submit(task)
+    if detach:
+        print(f"job {job.id} submitted to {cluster.name}")
+        console.hint(f"follow: pytest-sky logs {cluster.name} {job.id} --follow")
+        return 0
+    return _follow(cluster, job)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from pytest_sky.cluster import launch
+    from pytest_sky.state import StateStore
+
+    backend = "kubernetes" if args.kubernetes else args.backend
+    task = _task_from_args(args.task)
+    requested = _resources(args)
+    if task is not None:
+        requested = task.resources.merge(requested)
+    num_nodes = args.num_nodes or (task.num_nodes if task is not None else 1)
+    if task is not None:
+        task = task.with_overrides(num_nodes=num_nodes)
+    store = StateStore()
+    existing = store.load(args.cluster)
+    if existing is not None:
+        cluster = _cluster(args.cluster)
+        wanted = {
+            "num_nodes": num_nodes,
+            "backend": backend,
+            "accelerators": str(requested.accelerators) if requested.accelerators else None,
+        }
+        have = {
+            "num_nodes": existing.num_nodes,
+            "backend": existing.backend,
+            "accelerators": existing.resources.get("accelerators"),
+        }
+        if wanted != have:
+            diff = ", ".join(f"{k} {have[k]} (asked {wanted[k]})" for k in wanted if wanted[k] != have[k])
+            raise UsageError(
+                f"cluster {args.cluster} exists with different resources: {diff}; "
+                f"use `pytest-sky down {args.cluster}` first or pick another name"
+            )
+        console.progress(f"reusing {args.cluster} ({existing.resources_label})")
+    else:
+        try:
+            cluster = launch(
+                None,
+                num_nodes=num_nodes,
+                name=args.cluster,
+                backend=backend,
+                keep=True,
+                store=store,
+                **{k: v for k, v in (("gpus", args.gpus), ("cpus", args.cpus), ("memory", args.memory)) if v},
+            )
+        except KeyboardInterrupt:
+            console.error(f"interrupted while launching {args.cluster}: removed what was created")
+            return EXIT_INTERRUPTED
+    if task is None:
+        print(f"{cluster.name} is up: {cluster.num_nodes} node(s), head {cluster.node_ips[0]}")
+        console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
+        return 0
+    return _run_task(cluster, task, args.detach)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    cluster = _cluster(args.cluster)
+    task = _task_from_args(args.task, num_nodes=cluster.num_nodes)
+    if task is None:
+        raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
+    if task.num_nodes == 1 and cluster.num_nodes > 1 and not (args.task[0].endswith((".yaml", ".yml"))):
+        task = task.with_overrides(num_nodes=cluster.num_nodes)
+    return _run_task(cluster, task, args.detach)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from pytest_sky.cluster import owner_alive
     from pytest_sky.state import StateStore
 
-    records = StateStore().records()
     rows = []
-    for r in records:
+    for r in StateStore().records():
         status = r.status if (r.keep or owner_alive(r)) else f"{r.status} (owner gone)"
         rows.append(
             {
@@ -41,6 +202,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "status": status,
                 "age": _age(r.created),
                 "head": r.head_host,
+                "node_ips": r.node_ips,
             }
         )
     if args.json:
@@ -50,11 +212,110 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no clusters")
         return 0
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
-    table = [[str(row[h.lower()]) for h in headers] for row in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+    _table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
+    return 0
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    cluster = _cluster(args.cluster)
+    jobs = cluster.queue()
+    if not jobs:
+        print(f"no jobs on {cluster.name}")
+        return 0
+    rows = []
+    for j in jobs:
+        ended = j.get("ended") or time.time()
+        took = f"{ended - j['started']:.1f}s" if j.get("started") else "-"
+        rows.append(
+            [str(j["id"]), str(j.get("name") or "-"), _age(j.get("submitted", time.time())) + " ago", took, j["status"]]
+        )
+    _table(["ID", "NAME", "SUBMITTED", "DURATION", "STATUS"], rows)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    cluster = _cluster(args.cluster)
+    job_id = args.job
+    if job_id is None:
+        jobs = cluster.queue()
+        if not jobs:
+            raise UsageError(f"no jobs on {cluster.name} yet")
+        job_id = jobs[-1]["id"]
+    job = cluster.job(job_id)
+    job.info()  # an unknown job id is a one-line error, not an empty log
+    if args.follow:
+        return _follow(cluster, job)
+    sys.stdout.write(job.logs())
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    cluster = _cluster(args.cluster)
+    if args.all:
+        ids = [j["id"] for j in cluster.queue() if j["status"] in ("PENDING", "RUNNING")]
+    elif args.job is not None:
+        ids = [args.job]
+    else:
+        raise UsageError("name a job id or pass --all")
+    for job_id in ids:
+        status = cluster.job(job_id).cancel()
+        print(f"job {job_id}: {status}")
+    if not ids:
+        print(f"no running jobs on {cluster.name}")
+    return 0
+
+
+def _node_alias(cluster, node: str | None) -> str:
+    if node in (None, "", "head", "0"):
+        return cluster.name
+    if node.isdigit() and 0 < int(node) < cluster.num_nodes:
+        return f"{cluster.name}-worker{int(node)}"
+    if node.startswith("worker") and node[6:].isdigit() and 0 < int(node[6:]) < cluster.num_nodes:
+        return f"{cluster.name}-{node}"
+    raise UsageError(f"no node {node!r} in {cluster.name}: use head, worker1..worker{cluster.num_nodes - 1} or a rank")
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    cluster = _cluster(args.cluster)
+    alias = _node_alias(cluster, args.node)
+    argv = ["ssh", "-F", cluster.ssh_config]
+    if not args.command and sys.stdin.isatty():
+        argv.append("-t")
+    argv.append(alias)
+    if args.command:
+        argv.append(" ".join(args.command) if len(args.command) > 1 else args.command[0])
+    sys.stdout.flush()
+    os.execvp("ssh", argv)
+    return 0  # not reached
+
+
+def _include_line() -> str:
+    from pytest_sky.state import home
+
+    return f"Include {home() / 'clusters'}/*/ssh_config"
+
+
+def cmd_ssh_config(args: argparse.Namespace) -> int:
+    line = _include_line()
+    if not args.install:
+        print(line)
+        console.hint("add that line at the top of ~/.ssh/config (or run with --install) to `ssh <cluster>`")
+        return 0
+    ssh_dir = Path.home() / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    config = ssh_dir / "config"
+    text = config.read_text() if config.exists() else ""
+    if line in text.splitlines():
+        print(f"already installed in {config}")
+        return 0
+    if config.exists():
+        backup = config.with_name("config.pytest-sky.bak")
+        shutil.copy2(config, backup)
+        console.hint(f"backed up {config} to {backup}")
+    # At the top: an Include after a Host line would only apply inside that Host block.
+    config.write_text(f"# added by pytest-sky ssh-config --install\n{line}\n\n{text}")
+    os.chmod(config, 0o600)
+    print(f"installed in {config}: ssh <cluster> and ssh <cluster>-worker1 now work")
     return 0
 
 
@@ -63,20 +324,57 @@ def cmd_down(args: argparse.Namespace) -> int:
     from pytest_sky.state import StateStore
 
     store = StateStore()
-    if args.all:
-        names = [r.name for r in store.records()]
-    else:
-        names = args.names
-        if not names:
-            raise SkyError("name the clusters to tear down, or pass --all")
+    names = [r.name for r in store.records()] if args.all else args.names
+    if not names and not args.all:
+        raise UsageError("name the clusters to tear down, or pass --all")
+    missing = [n for n in names if store.load(n) is None]
+    if missing:
+        raise UsageError(f"no cluster named {missing[0]!r} (see `pytest-sky status`)")
     for name in names:
         record = store.load(name)
         if record is None:
-            raise SkyError(f"no cluster named {name!r} (see `pytest-sky status`)")
+            continue
         get_backend(record.backend).destroy(record)
         store.forget(name)
         print(f"{name}: down")
+    if not names:
+        print("no clusters")
     return 0
+
+
+def cmd_stress_ssh(args: argparse.Namespace) -> int:
+    from pytest_sky.ssh.parallel import run_command_in_parallel
+
+    cluster = _cluster(args.cluster)
+    cmd = ["ssh", "-F", cluster.ssh_config, cluster.name, "echo hi"]
+    latencies: list[float] = []
+    ok = attempts = 0
+    failures: list[str] = []
+    for round_no in range(1, args.rounds + 1):
+        start = time.monotonic()
+        try:
+            results = run_command_in_parallel(cmd, args.parallel, args.parallel, fail_fast=False)
+        except CommandFailedError as exc:  # only a broken command line gets here
+            raise UsageError(str(exc)) from None
+        wall = time.monotonic() - start
+        for r in results:
+            attempts += 1
+            latencies.append(r.seconds)
+            if r.returncode == 0 and r.output.strip() == "hi":
+                ok += 1
+            elif len(failures) < 5:
+                failures.append(f"exit {r.returncode}: {r.output.strip()[:200]}")
+        console.progress(f"round {round_no}/{args.rounds}: {wall:.3f} s")
+    latencies.sort()
+    p50 = statistics.median(latencies) if latencies else 0.0
+    p95 = latencies[max(0, int(len(latencies) * 0.95) - 1)] if latencies else 0.0
+    print(
+        f"{ok}/{attempts} succeeded; connection latency p50 {p50 * 1000:.0f} ms, "
+        f"p95 {p95 * 1000:.0f} ms, max {(latencies[-1] if latencies else 0) * 1000:.0f} ms"
+    )
+    for f in failures:
+        console.error(f)
+    return 0 if ok == attempts and attempts else 1
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -90,45 +388,169 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+# ----------------------------------------------------------------------------- parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
         prog="pytest-sky",
-        description="Multi-node test clusters: look at them and clean them up.",
-        epilog="examples:\n  pytest-sky status\n  pytest-sky down my-cluster\n  pytest-sky down --all\n"
-        "  pytest-sky doctor",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Multi-node test clusters by hand: the same clusters and tasks as the pytest plugin.",
+        epilog="examples:\n"
+        "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_IPS'\n"
+        "  pytest-sky ssh dev            # onto the head; then: ssh dev-worker1\n"
+        "  pytest-sky exec dev examples/torch_allreduce/task.yaml\n"
+        "  pytest-sky status\n"
+        "  pytest-sky down dev",
+        formatter_class=fmt,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("status", help="list clusters")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, epilog="examples:\n" + examples, formatter_class=fmt
+        )
+        p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+        return p
+
+    p = add(
+        "launch",
+        "provision a cluster (or reuse one of that name) and run a task or command on it",
+        "  pytest-sky launch -c dev --num-nodes 2\n"
+        "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_RANK'\n"
+        "  pytest-sky launch -c train examples/torch_allreduce/task.yaml\n"
+        "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting",
+    )
+    p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
+    p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="number of nodes (default: the task's, or 1)")
+    p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
+    p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
+    p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
+    p.add_argument("--backend", choices=("local", "kubernetes"), default="local", help="where nodes run")
+    p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
+    p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
+    p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
+    p.set_defaults(func=cmd_launch)
+
+    p = add(
+        "exec",
+        "run a task or command on an existing cluster (a new job)",
+        "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("-d", "--detach", action="store_true", help="submit and return")
+    p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
+    p.set_defaults(func=cmd_exec)
+
+    p = add("status", "list clusters", "  pytest-sky status\n  pytest-sky status --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("down", help="tear clusters down")
+
+    p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
+    p.add_argument("cluster", metavar="NAME")
+    p.set_defaults(func=cmd_queue)
+
+    p = add(
+        "logs",
+        "show a job's log (the latest job by default)",
+        "  pytest-sky logs dev\n  pytest-sky logs dev 3 --follow",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
+    p.set_defaults(func=cmd_logs)
+
+    p = add("cancel", "stop a job on every node", "  pytest-sky cancel dev 3\n  pytest-sky cancel dev --all")
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
+    p.add_argument("--all", action="store_true", help="every pending or running job")
+    p.set_defaults(func=cmd_cancel)
+
+    p = add(
+        "ssh",
+        "open a shell (or run one command) on a node, host keys checked",
+        "  pytest-sky ssh dev\n  pytest-sky ssh dev worker1\n  pytest-sky ssh dev 1 -- nvidia-smi",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("node", nargs="?", metavar="worker1|RANK", help="default: the head")
+    p.set_defaults(func=cmd_ssh, command=[])
+
+    p = add(
+        "ssh-config",
+        "print (or install) the Include line that makes `ssh <cluster>` work",
+        "  pytest-sky ssh-config\n  pytest-sky ssh-config --install",
+    )
+    p.add_argument("--install", action="store_true", help="add it to ~/.ssh/config once (with a backup)")
+    p.set_defaults(func=cmd_ssh_config)
+
+    p = add(
+        "down", "tear clusters down (also clusters whose owner died)", "  pytest-sky down dev\n  pytest-sky down --all"
+    )
     p.add_argument("names", nargs="*", metavar="NAME")
     p.add_argument("--all", action="store_true", help="every cluster in the state directory")
-    p.add_argument("--yes", "-y", action="store_true", help="do not ask (nothing asks yet)")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
     p.set_defaults(func=cmd_down)
-    p = sub.add_parser("doctor", help="list anything of pytest-sky left on this machine")
+
+    p = add(
+        "stress-ssh",
+        "the smoke suite's SSH concurrency check: N parallel `ssh <cluster> echo hi`, R rounds",
+        "  pytest-sky stress-ssh dev\n  pytest-sky stress-ssh dev --parallel 40 --rounds 5",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("--parallel", type=_positive_int, default=20, metavar="N")
+    p.add_argument("--rounds", type=_positive_int, default=10, metavar="R")
+    p.set_defaults(func=cmd_stress_ssh)
+
+    p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
     p.set_defaults(func=cmd_doctor)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    remote: list[str] | None = None
+    if "--" in argv:
+        # `... -- COMMAND...`: the command is the nodes', never ours to parse (options included).
+        cut = argv.index("--")
+        argv, remote = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if remote is not None:
+        if getattr(args, "subcommand", None) == "ssh":
+            args.command = remote
+        elif getattr(args, "subcommand", None) in ("launch", "exec") and not args.task:
+            args.task = remote
+        else:
+            parser.error(f"unexpected `-- {' '.join(remote)}`")
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    console.enable(True)
     try:
         return int(args.func(args))
     except SkyError as exc:
         if args.debug:
             raise
         console.error(str(exc))
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         console.error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `pytest-sky status --json | head`: the reader left; that is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_sky import gpus
+from pytest_sky import console, gpus
 from pytest_sky.backends import netns
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import ProvisionError, ResourcesError
@@ -315,7 +315,16 @@ class LocalBackend(Backend):
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
 
-        threads = [threading.Thread(target=wait_one, args=(n,), daemon=True) for n in started]
+        ready = [0]
+        lock = threading.Lock()
+
+        def wait_and_count(node: netns.NodeProcess) -> None:
+            wait_one(node)
+            with lock:
+                ready[0] += 1
+                console.counter("nodes ready", ready[0], len(started))
+
+        threads = [threading.Thread(target=wait_and_count, args=(n,), daemon=True) for n in started]
         for t in threads:
             t.start()
         for t in threads:

@@ -1,0 +1,115 @@
+"""``python -m bench [--quick] [--update-readme]``: measure, print, save, optionally publish.
+
+The benchmark keeps its cluster state in a private ``PYTEST_SKY_HOME`` (unless one is set)
+so it never mixes with the records of tests that other engineers run on this machine at the
+same time, and it tears down anything it launched even when interrupted or sent SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import report
+from bench.records import Figure, Machine
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "results" / "latest.json"
+README = BENCH_DIR.parent / "README.md"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark pytest-sky's local backend against same-run baselines (DESIGN.md section 7).",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, clusters up to 8 nodes (< 30 s)")
+    p.add_argument(
+        "--update-readme",
+        action="store_true",
+        help=f"write the results table into README.md between {report.README_START} and {report.README_END}",
+    )
+    return p.parse_args(argv)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM/SIGHUP become SystemExit so every ``finally`` (cluster teardown) runs."""
+    raise SystemExit(128 + signum)
+
+
+def _sweep(prefix: str) -> None:
+    """Safety net after the run: any record of ours still in the state store is torn down."""
+    from pytest_sky import get_cluster
+    from pytest_sky.state import StateStore
+
+    store = StateStore()
+    for record in store.records():
+        if record.name.startswith(prefix + "-"):
+            sys.stderr.write(f"bench: tearing down leftover cluster {record.name}\n")
+            get_cluster(record.name, store).down()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if os.geteuid() != 0:
+        sys.stderr.write("bench: the local backend needs root (network namespaces): run it as root\n")
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+
+    own_home = None
+    if not os.environ.get("PYTEST_SKY_HOME"):
+        own_home = tempfile.mkdtemp(prefix="pytest-sky-bench-home-")
+        os.environ["PYTEST_SKY_HOME"] = own_home
+    workdir = Path(tempfile.mkdtemp(prefix="pytest-sky-bench-"))
+
+    from bench import sections  # after PYTEST_SKY_HOME is settled
+
+    plan = sections.Plan.quick() if args.quick else sections.Plan.full()
+    mode = "quick" if args.quick else "full"
+    namer = sections.Namer()
+    machine = Machine.detect()
+    figures: list[Figure] = []
+    errors: list[str] = []
+    started = time.perf_counter()
+    steps: list[tuple[str, Callable[[], list[Figure]]]] = [
+        ("bring-up", lambda: sections.bringup(plan, namer, workdir)),
+        ("run latency", lambda: sections.run_latency(plan, namer)),
+        ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
+    ]
+    try:
+        for name, step in steps:
+            try:
+                figures += step()
+            except Exception as exc:  # noqa: BLE001 - one failed section must not hide the others
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                figures.append(Figure(section=name, name="(not measured)", unit="s", value=None, error=str(exc)))
+    finally:
+        try:
+            _sweep(namer.prefix)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if own_home is not None:
+                shutil.rmtree(own_home, ignore_errors=True)
+    duration = time.perf_counter() - started
+    machine = machine.finished()
+
+    print(report.header(machine, mode))
+    print()
+    print(report.text_table(figures))
+    print()
+    print(report.LEGEND)
+    for line in report.notes(figures, errors):
+        print(line)
+    report.write_json(RESULTS, machine, mode, duration, figures, errors)
+    print(f"total {duration:.1f} s; results in {RESULTS.relative_to(BENCH_DIR.parent)}")
+    if args.update_readme:
+        print(report.update_readme(README, report.markdown(machine, mode, figures)))
+    return 1 if errors else 0
