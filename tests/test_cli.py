@@ -1,0 +1,216 @@
+"""The `pytest-sky` console script, run for real against real local clusters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def sky(home: Path, *args: str, timeout: float = 120, check_rc: int | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    proc = subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture
+def dev(home: Path):
+    name = f"cli{os.getpid() % 10000}"
+    sky(home, "launch", "-c", name, "--num-nodes", "2", check_rc=0)
+    yield name
+    sky(home, "down", "--all")
+
+
+def test_launch_streams_prefixed_output_and_reports_progress(home: Path):
+    name = f"clil{os.getpid() % 10000}"
+    try:
+        res = sky(home, "launch", "-c", name, "--num-nodes", "2", "--", "echo rank $SKYPILOT_NODE_RANK", check_rc=0)
+        lines = res.stdout.splitlines()
+        assert len(lines) == 2 and any(line.endswith(") rank 0") for line in lines), res.stdout
+        assert "nodes ready 2/2" in res.stderr and f"{name} is up" in res.stderr
+        # Same name, same shape: reused; the run's exit code is the command's.
+        again = sky(home, "launch", "-c", name, "--num-nodes", "2", "--", "exit 3", check_rc=3)
+        assert f"reusing {name}" in again.stderr and "exit code 3" in again.stderr
+        other = sky(home, "launch", "-c", name, "--num-nodes", "3", "--", "true", check_rc=2)
+        assert other.stderr.count("\n") == 1 and "different resources" in other.stderr
+    finally:
+        sky(home, "down", name)
+
+
+def test_status_queue_logs_cancel(home: Path, dev: str):
+    status = sky(home, "status", check_rc=0)
+    assert status.stdout.split("\n")[0].split() == ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
+    assert dev in status.stdout and "2x Local" in status.stdout
+    as_json = json.loads(sky(home, "status", "--json", check_rc=0).stdout)
+    assert [c["name"] for c in as_json] == [dev] and len(as_json[0]["node_ips"]) == 2
+
+    sky(home, "exec", dev, "--", "echo from-$SKYPILOT_NODE_RANK", check_rc=0)
+    detached = sky(home, "exec", dev, "-d", "--", "sleep 60", check_rc=0)
+    assert "job 2 submitted" in detached.stdout
+    queue = sky(home, "queue", dev, check_rc=0).stdout
+    assert "SUCCEEDED" in queue and "RUNNING" in queue
+    logs = sky(home, "logs", dev, "1", check_rc=0).stdout
+    assert sorted(line.split(") ")[1] for line in logs.splitlines()) == ["from-0", "from-1"]
+    assert "job 2: CANCELLED" in sky(home, "cancel", dev, "2", check_rc=0).stdout
+    assert "CANCELLED" in sky(home, "queue", dev, check_rc=0).stdout
+
+
+def test_ssh_to_head_and_workers(home: Path, dev: str):
+    assert sky(home, "ssh", dev, "--", "hostname", check_rc=0).stdout.strip() == f"{dev}-head"
+    assert sky(home, "ssh", dev, "worker1", "--", "hostname", check_rc=0).stdout.strip() == f"{dev}-worker1"
+    assert sky(home, "ssh", dev, "1", "--", "hostname", check_rc=0).stdout.strip() == f"{dev}-worker1"
+    bad = sky(home, "ssh", dev, "worker7", check_rc=2)
+    assert bad.stderr.count("\n") == 1 and "worker7" in bad.stderr
+
+
+def test_stress_ssh(home: Path, dev: str):
+    res = sky(home, "stress-ssh", dev, "--parallel", "20", "--rounds", "10", check_rc=0)
+    assert res.stdout.startswith("200/200 succeeded")
+    assert "p50" in res.stdout and "p95" in res.stdout
+
+
+def test_ssh_config_install_is_idempotent(home: Path, dev: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_home = tmp_path / "user"
+    (fake_home / ".ssh").mkdir(parents=True)
+    own = "Host mine\n  HostName 127.0.0.1\n"
+    (fake_home / ".ssh" / "config").write_text(own)
+    monkeypatch.setenv("HOME", str(fake_home))
+    line = sky(home, "ssh-config", check_rc=0).stdout.strip()
+    assert line == f"Include {home.resolve()}/clusters/*/ssh_config"
+    sky(home, "ssh-config", "--install", check_rc=0)
+    again = sky(home, "ssh-config", "--install", check_rc=0)
+    assert "already installed" in again.stdout
+    text = (fake_home / ".ssh" / "config").read_text()
+    assert text.count(line) == 1 and text.endswith(own)  # the user's own entries untouched
+    assert (fake_home / ".ssh" / "config.pytest-sky.bak").read_text() == own
+    # With the Include in place, plain `ssh <cluster>` works (host keys checked).
+    proc = subprocess.run(
+        ["ssh", "-F", str(fake_home / ".ssh" / "config"), f"{dev}-worker1", "hostname"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.stdout.strip() == f"{dev}-worker1", proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["launch"],
+        ["launch", "-c", "x", "--num-nodes", "0"],
+        ["launch", "-c", "x", "--num-nodes", "two"],
+        ["launch", "-c", "Bad_Name"],
+        ["launch", "-c", "x", "--gpus", "V100:abc"],
+        ["launch", "-c", "x", "/nonexistent/task.yaml"],
+        ["exec", "no-such-cluster", "--", "true"],
+        ["down", "no-such-cluster"],
+        ["logs", "no-such-cluster"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(home: Path, args: list[str]):
+    res = sky(home, *args, check_rc=2)
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("pytest-sky: error: "), res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert not any((home / "clusters").glob("*/record.json")) if home.exists() else True
+
+
+def test_help_has_examples():
+    for command in ["launch", "exec", "status", "queue", "logs", "cancel", "ssh", "ssh-config", "down", "stress-ssh"]:
+        out = subprocess.run([SCRIPT, command, "--help"], capture_output=True, text=True, check=True).stdout
+        assert "examples:" in out and f"pytest-sky {command}" in out
+
+
+def test_ctrl_c_during_a_streamed_run_leaves_the_job_running(home: Path, dev: str):
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    proc = subprocess.Popen(
+        [SCRIPT, "exec", dev, "--", "echo started; sleep 60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the job is running once a rank has printed
+    assert "started" in line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert f"pytest-sky logs {dev} 1 --follow" in err and f"pytest-sky cancel {dev} 1" in err
+    assert "RUNNING" in sky(home, "queue", dev, check_rc=0).stdout
+    sky(home, "cancel", dev, "--all", check_rc=0)
+
+
+def test_ctrl_c_during_launch_removes_what_it_created(home: Path):
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    name = f"clic{os.getpid() % 10000}"
+    proc = subprocess.Popen(
+        [SCRIPT, "launch", "-c", name, "--num-nodes", "40", "--", "true"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # "launching <name>: ..." is printed before any node exists
+    assert "launching" in first
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the launch finished before the interrupt arrived")
+    assert proc.returncode == 130
+    assert not (home / "clusters" / name / "record.json").exists()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert str(home) not in "".join(
+        Path(f"/sys/class/net/{n}/ifalias").read_text() for n in os.listdir("/sys/class/net") if n.startswith("psky")
+    ), links
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_interactive_ssh_session_reaches_a_worker_from_the_head(home: Path, dev: str):
+    """A person's session: `pytest-sky ssh dev`, then `ssh <worker-ip> hostname` on the head."""
+    worker_ip = json.loads(sky(home, "status", "--json", check_rc=0).stdout)[0]["node_ips"][1]
+    session = f"psky{os.getpid()}"
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home)}
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", f"{SCRIPT} ssh {dev}"],
+        env=env,
+        check=True,
+    )
+    try:
+        screen = wait_screen(session, f"{dev}-head")  # the head's prompt shows its hostname
+        subprocess.run(["tmux", "send-keys", "-t", session, f"ssh {worker_ip} hostname", "Enter"], check=True)
+        screen = wait_screen(session, f"\n{dev}-worker1")
+        assert "password" not in screen.lower() and "yes/no" not in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+def wait_screen(session: str, text: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        screen = subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
+        ).stdout
+        if text in screen:
+            return screen
+        if time.monotonic() > deadline:
+            pytest.fail(f"{text!r} never appeared on the screen:\n{screen}")
+        time.sleep(0.05)
