@@ -20,6 +20,7 @@ import errno
 import logging
 import os
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -57,10 +58,13 @@ mount --bind "$PSKY_ROOT/etc/passwd" /etc/passwd
 mount --bind "$PSKY_ROOT/etc/hosts" /etc/hosts
 for m in $PSKY_EXTRA_MOUNTS; do
   src=${m%%=*}; dst=${m#*=}
-  mkdir -p "$dst"
-  mount --bind "$src" "$dst"
+  case "$dst" in /run/*) mkdir -p "$dst" ;; esac  # never create directories on the host's disk
+  mount --bind -o ro "$src" "$dst"
 done
 echo configured
+if [ -n "$PSKY_COMMAND" ]; then
+  exec /bin/sh -c "exec $PSKY_COMMAND" >>"$PSKY_LOG" 2>&1
+fi
 exec "$PSKY_SSHD" -D -e -f "$PSKY_ROOT/sshd_config" >>"$PSKY_LOG"
 """
 
@@ -73,7 +77,11 @@ class NodeSpec:
     ip: str
     root: Path  # holds etc/passwd, etc/hosts, sshd_config; the node's log goes here too
     veth: str  # host-side link name, at most 15 characters
-    extra_mounts: dict[str, str] = field(default_factory=dict)  # host path -> node path
+    extra_mounts: dict[str, str] = field(default_factory=dict)  # host path -> node path (read-only)
+    #: Instead of sshd, the node's first process (the emulator's pods run their container's
+    #: command); its output goes to the node's log.  ``env`` is added to its environment.
+    command: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -293,7 +301,9 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict
         "PSKY_ROOT": str(spec.root),
         "PSKY_SSHD": tools["sshd"],
         "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),
+        "PSKY_COMMAND": shlex.join(spec.command) if spec.command else "",
     }
+    env.update(spec.env)
     argv = [
         tools["unshare"],
         "--net",
