@@ -47,17 +47,53 @@ def node_files(cluster: str, nodes: list[NodeAddress], keys: ClusterKeys) -> dic
     }
 
 
+def control_dir() -> str:
+    """Where multiplexed client connections keep their sockets: short, whatever the state
+    directory (a socket path must fit in 108 bytes); %C makes each connection's name unique."""
+    return "/tmp"
+
+
+def start_master(ssh_config_path: Path, cluster: str) -> None:
+    """Open the shared connection now, so a burst of clients never races to become master."""
+    import subprocess
+
+    subprocess.run(
+        ["ssh", "-F", str(ssh_config_path), cluster, "true"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def stop_master(ssh_config_path: Path, cluster: str) -> None:
+    """Close the shared client connection (if any) before its cluster goes away."""
+    import subprocess
+
+    if not ssh_config_path.exists() or "ControlMaster" not in ssh_config_path.read_text():
+        return
+    subprocess.run(
+        ["ssh", "-F", str(ssh_config_path), "-O", "exit", cluster],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def write_client_files(
     cluster_dir: Path,
     cluster: str,
     nodes: list[NodeAddress],
     keys: ClusterKeys,
-    dial: dict[int, tuple[str, int]],
-    proxy_command: str | None = None,
+    routes: dict[int, dict],
+    *,
+    multiplex: bool = False,
 ) -> Path:
     """The client's key, known_hosts and ``ssh_config``; returns the config's path.
 
-    ``dial`` maps rank -> (host, port) the client connects to.
+    ``routes`` maps rank -> ``HostEntry`` fields saying how the client dials that node.
+    Host keys are checked under the node's name (``HostKeyAlias``), whatever the route.
     """
     key = cluster_dir / "id_ed25519"
     write_private(key, keys.cluster.private_openssh)
@@ -65,9 +101,12 @@ def write_client_files(
     kh.write_text(known_hosts(cluster, nodes, keys))
     entries = []
     for n in nodes:
-        host, port = dial[n.rank]
         alias = cluster if n.rank == 0 else n.hostname
-        entries.append(ssh_config.HostEntry(alias=alias, hostname=host, port=port, proxy_command=proxy_command))
+        entries.append(ssh_config.HostEntry(alias=alias, host_key_alias=n.hostname, **routes[n.rank]))
     cfg = cluster_dir / "ssh_config"
-    cfg.write_text(ssh_config.render(entries, identity_file=str(key), known_hosts=str(kh)))
+    cfg.write_text(
+        ssh_config.render(
+            entries, identity_file=str(key), known_hosts=str(kh), control_dir=control_dir() if multiplex else None
+        )
+    )
     return cfg

@@ -334,6 +334,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         record = store.load(name)
         if record is None:
             continue
+        from pytest_sky.bootstrap import stop_master
+
+        stop_master(store.cluster_dir(name) / "ssh_config", name)
         get_backend(record.backend).destroy(record)
         store.forget(name)
         print(f"{name}: down")

@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, runner
@@ -154,6 +155,7 @@ class Cluster:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+            bootstrap.stop_master(Path(self.ssh_config), self.name)
             self._backend.destroy(self._record)
             self._store.forget(self.name)
             self.is_down = True
@@ -248,7 +250,11 @@ class Cluster:
             if transport is None or not transport.is_active():
                 d = self._store.cluster_dir(self.name)
                 self._client = ssh_client.connect(
-                    self._record.head_host, self._record.head_port, d / "id_ed25519", d / "known_hosts"
+                    self._record.head_host,
+                    self._record.head_port,
+                    d / "id_ed25519",
+                    d / "known_hosts",
+                    proxy_command=self._record.head_proxy_command,
                 )
             return self._client
 
@@ -346,9 +352,10 @@ def provision(
         nodes: list[NodeAddress] = backend.create(request, record)
         record.node_ips = [n.ip for n in nodes]
         record.node_names = [n.hostname for n in nodes]
-        dial = {n.rank: (n.ip, 22) for n in nodes}
-        dial[0] = (record.head_host or nodes[0].ip, record.head_port)
-        bootstrap.write_client_files(cluster_dir, name, nodes, keys, dial)
+        routes = {n.rank: backend.ssh_route(record, n) for n in nodes}
+        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, routes, multiplex=backend.multiplex_client)
+        if backend.multiplex_client:
+            bootstrap.start_master(cfg, name)
         record.status = "UP"
         checkpoint(record)
     except BaseException:
@@ -384,6 +391,7 @@ def reap_orphans(store: StateStore | None = None) -> list[str]:
         records = [r for r in store.records() if not r.keep and not owner_alive(r)]
     for record in records:
         try:
+            bootstrap.stop_master(store.cluster_dir(record.name) / "ssh_config", record.name)
             get_backend(record.backend).destroy(record)
         except SkyError as exc:
             log.warning("could not reap cluster %s: %s", record.name, exc)

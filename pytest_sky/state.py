@@ -43,6 +43,7 @@ class ClusterRecord:
     node_ips: list[str] = field(default_factory=list)
     head_host: str = ""  # where the client dials the head's sshd
     head_port: int = 22
+    head_proxy_command: str | None = None  # set where the head is not directly reachable
     python: str = "python3"  # the nodes' interpreter for the agent
     cluster_info: dict = field(default_factory=dict)
     backend_data: dict = field(default_factory=dict)

@@ -15,8 +15,12 @@ def get_backend(name: str, **options: object) -> Backend:
 
         return LocalBackend(**options)  # type: ignore[arg-type]
     if name in ("kubernetes", "k8s"):
-        raise BackendUnavailableError(
-            "the kubernetes backend is not part of this version of pytest-sky yet; "
-            "run without --kubernetes to use the local backend"
-        )
+        try:
+            from pytest_sky.backends.kubernetes import KubernetesBackend
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"the kubernetes backend needs the kubernetes client ({exc.name} is missing): "
+                "pip install 'pytest-sky[kubernetes]'"
+            ) from None
+        return KubernetesBackend(**{k: v for k, v in options.items() if v is not None})  # type: ignore[arg-type]
     raise BackendUnavailableError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")

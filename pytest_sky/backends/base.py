@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
@@ -42,6 +43,9 @@ class ProvisionRequest:
 class Backend(ABC):
     name: str
     cloud_label: str  # "Local", "Kubernetes": what status shows in the resources column
+    #: The client's ssh config shares one connection per cluster (ControlMaster): where a
+    #: new connection is expensive (a port-forward proxy per connection on Kubernetes).
+    multiplex_client: bool = False
 
     @abstractmethod
     def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
@@ -59,6 +63,11 @@ class Backend(ABC):
     @abstractmethod
     def destroy(self, record: ClusterRecord) -> None:
         """Remove everything of the cluster; tolerate parts that are already gone."""
+
+    def ssh_route(self, record: ClusterRecord, node: NodeAddress) -> dict[str, Any]:
+        """How the client dials a node's sshd: ``HostEntry`` fields (hostname, port,
+        proxy_command, proxy_jump).  Default: straight to its address."""
+        return {"hostname": node.ip}
 
     def rank_env(self, record: ClusterRecord) -> dict[str, dict[str, str]]:
         """Per-rank environment (rank as a string -> variables), e.g. each node's GPU share."""

@@ -25,8 +25,12 @@ def connect(
     user: str = "root",
     timeout: float = 20.0,
     sock: socket.socket | None = None,
+    proxy_command: str | None = None,
 ) -> paramiko.SSHClient:
     import paramiko  # heavy (cryptography): only when a cluster is used
+
+    if proxy_command and sock is None:
+        sock = paramiko.ProxyCommand(proxy_command)  # type: ignore[assignment]
 
     client = paramiko.SSHClient()
     client.load_host_keys(str(known_hosts))

@@ -23,6 +23,7 @@ class HostEntry:
     user: str = "root"
     proxy_command: str | None = None
     proxy_jump: str | None = None
+    host_key_alias: str | None = None  # check the host key under this name, whatever we dial
 
 
 def _common(identity_file: str, known_hosts: str, control_dir: str | None) -> list[str]:
@@ -46,8 +47,8 @@ def _common(identity_file: str, known_hosts: str, control_dir: str | None) -> li
         # Several clients racing to become the master is safe: losers connect directly.
         lines += [
             "  ControlMaster auto",
-            f"  ControlPath {control_dir}/cm-%C",
-            "  ControlPersist 120",
+            f"  ControlPath {control_dir}/psky-cm-%C",
+            "  ControlPersist 600",
         ]
     return lines
 
@@ -67,7 +68,8 @@ def render(
     """
     out = ["# Written by pytest-sky; regenerated on every launch.", ""]
     for e in entries:
-        names = [e.alias] + ([e.hostname] if e.hostname != e.alias and not e.proxy_command else [])
+        direct = not e.proxy_command and not e.proxy_jump
+        names = [e.alias] + ([e.hostname] if e.hostname != e.alias and direct else [])
         out.append(f"Host {' '.join(names)}")
         out.append(f"  HostName {e.hostname}")
         out.append(f"  Port {e.port}")
@@ -76,8 +78,10 @@ def render(
             out.append(f"  ProxyCommand {e.proxy_command}")
         if e.proxy_jump:
             out.append(f"  ProxyJump {e.proxy_jump}")
+        if e.host_key_alias:
+            out.append(f"  HostKeyAlias {e.host_key_alias}")
         out.append("")
-    patterns = [e.alias for e in entries] + [e.hostname for e in entries if not e.proxy_command]
+    patterns = [e.alias for e in entries] + [e.hostname for e in entries if not e.proxy_command and not e.proxy_jump]
     patterns += list(extra_patterns)
     seen: list[str] = []
     for p in patterns:

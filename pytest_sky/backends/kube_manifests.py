@@ -1,0 +1,188 @@
+"""Kubernetes objects of a cluster, as plain dicts (what the API receives, what tests validate).
+
+Pure functions, no client: the backend sends them, and the unit tests check every one with
+``kubernetes-validate`` in strict mode for more than one Kubernetes version.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+
+from pytest_sky.resources import Resources
+
+LABEL_CLUSTER = "pytest-sky/cluster"
+LABEL_ROLE = "pytest-sky/role"
+LABEL_RANK = "pytest-sky/rank"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "pytest-sky"}
+SECRET_MOUNT = "/run/pytest-sky-secret"
+RUNTIME_DIR = "/run/pytest-sky"
+DEFAULT_IMAGE = "python:3.11-slim-bookworm"
+DEFAULT_CPUS = 2.0
+DEFAULT_MEMORY_GB = 8.0
+
+# The container's first process: sshd from the Secret's keys.  Everything it writes goes to
+# $HOME or /run, never to other paths of the image (the emulator's pods share a disk).
+BOOTSTRAP = r"""set -e
+S=/run/pytest-sky-secret
+R=/run/pytest-sky
+mkdir -p "$R" /run/sshd
+chmod 755 /run/sshd
+SSHD=$(command -v sshd || true)
+[ -n "$SSHD" ] || [ ! -x /usr/sbin/sshd ] || SSHD=/usr/sbin/sshd
+if [ -z "$SSHD" ]; then
+  echo "pytest-sky: installing openssh-server"
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+  elif command -v apk >/dev/null 2>&1; then
+    apk add --no-cache openssh-server >/dev/null
+  elif command -v dnf >/dev/null 2>&1; then
+    dnf install -y -q openssh-server >/dev/null
+  fi
+  SSHD=/usr/sbin/sshd
+fi
+[ -x "$SSHD" ] || { echo "pytest-sky: no sshd in the image and none could be installed" >&2; exit 1; }
+umask 077
+mkdir -p "$HOME/.ssh" "$HOME/.sky"
+cp "$S/authorized_keys" "$HOME/.ssh/authorized_keys"
+cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
+cp "$S/id_ed25519.pub" "$HOME/.ssh/id_ed25519.pub"
+cp "$S/agent.py" "$HOME/.sky/agent.py"
+cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
+cat > "$R/sshd_config" <<EOF
+Port 22
+HostKey $R/ssh_host_ed25519_key
+PidFile $R/sshd.pid
+AuthorizedKeysFile .ssh/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes yes
+UsePAM no
+UseDNS no
+PrintMotd no
+MaxStartups 100:30:200
+MaxSessions 100
+AllowAgentForwarding no
+X11Forwarding no
+KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com
+ClientAliveInterval 5
+ClientAliveCountMax 3
+SetEnv PATH=$PATH
+Subsystem sftp internal-sftp
+LogLevel ERROR
+EOF
+exec "$SSHD" -D -e -f "$R/sshd_config"
+"""
+
+
+def labels(cluster: str, rank: int | None = None) -> dict[str, str]:
+    out = {**MANAGED_BY, LABEL_CLUSTER: cluster}
+    if rank is not None:
+        out[LABEL_ROLE] = "head" if rank == 0 else "worker"
+        out[LABEL_RANK] = str(rank)
+    return out
+
+
+def selector(cluster: str) -> str:
+    return f"{LABEL_CLUSTER}={cluster}"
+
+
+def pod_name(cluster: str, rank: int) -> str:
+    return f"{cluster}-head" if rank == 0 else f"{cluster}-worker{rank}"
+
+
+def secret_name(cluster: str) -> str:
+    return f"{cluster}-ssh"
+
+
+def secret(cluster: str, namespace: str, files: dict[str, bytes]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret_name(cluster), "namespace": namespace, "labels": labels(cluster)},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value).decode() for key, value in sorted(files.items())},
+    }
+
+
+def service(cluster: str, namespace: str) -> dict:
+    """Headless: pod hostname + subdomain resolve (torch's c10d store needs node names)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_CLUSTER: cluster},
+            "ports": [{"name": "ssh", "port": 22, "targetPort": 22, "protocol": "TCP"}],
+            "publishNotReadyAddresses": True,
+        },
+    }
+
+
+def _quantity(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{int(value * 1000)}m"
+
+
+def container_resources(resources: Resources) -> dict:
+    cpus = resources.cpus if resources.cpus is not None else DEFAULT_CPUS
+    memory = resources.memory if resources.memory is not None else DEFAULT_MEMORY_GB
+    requests = {"cpu": _quantity(cpus), "memory": f"{math.ceil(memory * 1024)}Mi"}
+    limits: dict[str, str] = {}
+    if resources.accelerators is not None:
+        # Kubernetes hands out whole devices: a share (V100:0.5) asks for one.
+        gpus = str(resources.accelerators.per_node_ceiling())
+        requests["nvidia.com/gpu"] = gpus
+        limits["nvidia.com/gpu"] = gpus
+    out: dict = {"requests": requests}
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def pod(cluster: str, rank: int, namespace: str, image: str, resources: Resources) -> dict:
+    spec: dict = {
+        "hostname": pod_name(cluster, rank),
+        "subdomain": cluster,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "enableServiceLinks": False,
+        "affinity": {
+            "podAntiAffinity": {
+                # Soft: spread over machines when they fit, share one when not.
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {LABEL_CLUSTER: cluster}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        "containers": [
+            {
+                "name": "node",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", BOOTSTRAP],
+                "env": [{"name": "PSKY_RANK", "value": str(rank)}],
+                "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
+                "resources": container_resources(resources),
+                "volumeMounts": [{"name": "ssh-keys", "mountPath": SECRET_MOUNT, "readOnly": True}],
+            }
+        ],
+        "volumes": [{"name": "ssh-keys", "secret": {"secretName": secret_name(cluster), "defaultMode": 0o400}}],
+    }
+    if resources.accelerators is not None:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name(cluster, rank), "namespace": namespace, "labels": labels(cluster, rank)},
+        "spec": spec,
+    }

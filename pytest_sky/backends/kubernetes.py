@@ -1,0 +1,407 @@
+"""The Kubernetes backend: a cluster is pods of the current kube context (DESIGN.md section 6).
+
+Pods ``<cluster>-head`` and ``<cluster>-worker<i>`` run sshd from a Secret holding the keys
+generated on the client, behind a headless Service so node names resolve.  The client
+reaches the head through a ProxyCommand that port-forwards over the API server's websocket
+(``pytest_sky.ssh.kube_proxy``); workers are reached through the head.  Waiting watches pod
+phases and events, and any failure deletes everything the launch created.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shlex
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from pytest_sky import console
+from pytest_sky.backends import kube_manifests as manifests
+from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.errors import BackendUnavailableError, ProvisionError
+from pytest_sky.resources import Resources
+from pytest_sky.state import ClusterRecord
+
+if TYPE_CHECKING:
+    from kubernetes import client as kclient
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = float(os.environ.get("PYTEST_SKY_KUBE_TIMEOUT", "600"))
+FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "InvalidImageName", "CreateContainerError"}
+
+
+def _api_message(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            import json
+
+            return json.loads(body).get("message") or str(body)
+        except (ValueError, AttributeError):
+            return str(body)[:300]
+    return str(exc).splitlines()[0][:300]
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+    cloud_label = "Kubernetes"
+    multiplex_client = True
+
+    def __init__(
+        self,
+        context: str | None = None,
+        namespace: str | None = None,
+        image: str | None = None,
+        kubeconfig: str | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        self.context = context or os.environ.get("PYTEST_SKY_KUBE_CONTEXT") or None
+        self.requested_namespace = namespace or os.environ.get("PYTEST_SKY_KUBE_NAMESPACE") or None
+        self.image = image or os.environ.get("PYTEST_SKY_KUBE_IMAGE") or manifests.DEFAULT_IMAGE
+        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+        self.ready_timeout = ready_timeout
+        self._api: kclient.CoreV1Api | None = None
+        self.namespace = self.requested_namespace or "default"
+        self.in_cluster = False
+
+    # -- connection ------------------------------------------------------------------------
+
+    def api(self) -> kclient.CoreV1Api:
+        if self._api is not None:
+            return self._api
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        path = self.kubeconfig or os.path.expanduser("~/.kube/config")
+        if os.path.exists(path.split(os.pathsep)[0]):
+            try:
+                contexts, current = config.list_kube_config_contexts(config_file=path)
+            except config.ConfigException as exc:
+                raise BackendUnavailableError(f"cannot read kubeconfig {path}: {exc}") from None
+            names = [c["name"] for c in contexts]
+            if self.context and self.context not in names:
+                raise BackendUnavailableError(
+                    f"kube context {self.context!r} is not in {path} (contexts: {', '.join(names) or 'none'}); "
+                    "pass --kube-context with one of them"
+                )
+            ctx = next(c for c in contexts if c["name"] == (self.context or current["name"]))
+            self.context = ctx["name"]
+            if not self.requested_namespace:
+                self.namespace = ctx.get("context", {}).get("namespace") or "default"
+            config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg)
+            self.kubeconfig = path
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+            self.in_cluster = True
+            self.context = "in-cluster"
+            if not self.requested_namespace:
+                try:
+                    with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+                        self.namespace = f.read().strip() or "default"
+                except OSError:
+                    pass
+        else:
+            raise BackendUnavailableError(
+                f"no Kubernetes configuration: {path} does not exist and this is not a pod; "
+                "set KUBECONFIG or run `kubectl config use-context ...`"
+            )
+        self._api = client.CoreV1Api(client.ApiClient(cfg))
+        return self._api
+
+    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.api()
+        try:
+            api.read_namespace(self.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise BackendUnavailableError(
+                    f"namespace {self.namespace!r} does not exist in kube context {self.context!r}; "
+                    "create it or pass --kube-namespace"
+                ) from None
+            if exc.status not in (401, 403):  # may not list namespaces, yet run pods: try
+                raise BackendUnavailableError(f"kube context {self.context!r}: {_api_message(exc)}") from None
+            if exc.status == 401:
+                raise BackendUnavailableError(
+                    f"kube context {self.context!r} is not authorised (401): check its credentials"
+                ) from None
+        except Exception as exc:  # noqa: BLE001 - connection errors come as urllib3 exceptions
+            raise BackendUnavailableError(
+                f"cannot reach the API server of kube context {self.context!r}: {str(exc).splitlines()[0][:200]}"
+            ) from None
+
+    def cluster_info(self) -> dict[str, Any]:
+        return {"cloud": "kubernetes", "region": self.context, "zone": self.namespace}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.api()
+        name, ns = request.name, self.namespace
+        record.python = "python3"
+        record.backend_data = {
+            "context": self.context,
+            "namespace": ns,
+            "kubeconfig": self.kubeconfig,
+            "image": self.image,
+            "pods": [manifests.pod_name(name, r) for r in range(request.num_nodes)],
+        }
+        record.cluster_info = {"cluster_name": name, **self.cluster_info()}
+        request.checkpoint(record)
+        # Host keys and the cluster key go in the Secret now; files that need pod IPs follow.
+        files = {
+            "authorized_keys": request.keys.cluster.public_line.encode() + b"\n",
+            "id_ed25519": request.keys.cluster.private_openssh,
+            "id_ed25519.pub": request.keys.cluster.public_line.encode() + b"\n",
+            "agent.py": _agent_source(),
+        }
+        for rank, key in enumerate(request.keys.hosts):
+            files[f"host_key_{rank}"] = key.private_openssh
+        try:
+            api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
+            api.create_namespaced_service(ns, manifests.service(name, ns))
+            for rank in range(request.num_nodes):
+                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, request.resources))
+        except ApiException as exc:
+            self.destroy(record)
+            if exc.status == 403:
+                raise ProvisionError(
+                    f"no permission in namespace {ns!r} of kube context {self.context!r}: {_api_message(exc)}"
+                ) from None
+            raise ProvisionError(f"the API server refused the cluster's objects: {_api_message(exc)}") from None
+        except BaseException:
+            self.destroy(record)
+            raise
+        try:
+            ips = self._wait_running(name, request.num_nodes)
+            nodes = [
+                NodeAddress(
+                    rank=r, name="head" if r == 0 else f"worker{r}", hostname=manifests.pod_name(name, r), ip=ip
+                )
+                for r, ip in enumerate(ips)
+            ]
+            self._install_node_files(name, nodes, request.node_files(nodes))
+            self._wait_banners([n.hostname for n in nodes])
+            record.head_host = nodes[0].hostname
+            record.head_proxy_command = self.proxy_command(nodes[0].hostname)
+            return nodes
+        except BaseException:
+            self.destroy(record)
+            raise
+
+    def destroy(self, record: ClusterRecord) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        data = record.backend_data or {}
+        if data.get("context") and data.get("context") != "in-cluster":
+            self.context = data["context"]
+            self.kubeconfig = data.get("kubeconfig") or self.kubeconfig
+        self.namespace = data.get("namespace") or self.namespace
+        api = self.api()
+        sel = manifests.selector(record.name)
+        ns = self.namespace
+        for delete in (api.delete_collection_namespaced_pod, api.delete_collection_namespaced_secret):
+            try:
+                delete(ns, label_selector=sel, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise ProvisionError(f"could not delete {record.name}'s objects: {_api_message(exc)}") from None
+        try:
+            api.delete_namespaced_service(record.name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ProvisionError(f"could not delete service {record.name}: {_api_message(exc)}") from None
+
+    def orphans(self) -> list[str]:
+        """Cluster names that have pods here (the reaper compares them with its records)."""
+        pods = self.api().list_namespaced_pod(self.namespace, label_selector="app.kubernetes.io/managed-by=pytest-sky")
+        return sorted({p.metadata.labels.get(manifests.LABEL_CLUSTER, "") for p in pods.items} - {""})
+
+    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
+        raise ProvisionError(
+            "workdir and file_mounts are not supported on the Kubernetes backend yet: "
+            "bake the files into the image or fetch them in the task's setup"
+        )
+
+    def proxy_command(self, pod: str) -> str:
+        argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", self.namespace, "--pod", pod]
+        if self.kubeconfig:
+            argv += ["--kubeconfig", self.kubeconfig]
+        if self.context and self.context != "in-cluster":
+            argv += ["--context", self.context]
+        return shlex.join(argv)
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def _wait_running(self, cluster: str, num_nodes: int) -> list[str]:
+        """Watch the cluster's pods until every one runs; fail fast on what will never run."""
+        from kubernetes import watch
+
+        api = self.api()
+        deadline = time.monotonic() + self.ready_timeout
+        ips: dict[str, str] = {}
+        names = [manifests.pod_name(cluster, r) for r in range(num_nodes)]
+        while True:
+            pods = api.list_namespaced_pod(self.namespace, label_selector=manifests.selector(cluster))
+            for p in pods.items:
+                self._check_pod(p)
+                if p.status and p.status.phase == "Running" and p.status.pod_ip:
+                    ips[p.metadata.name] = p.status.pod_ip
+            console.counter("pods running", len(ips), num_nodes)
+            if len(ips) == num_nodes:
+                return [ips[n] for n in names]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waiting = [n for n in names if n not in ips]
+                raise ProvisionError(
+                    f"pods not running after {self.ready_timeout:.0f} s: {', '.join(waiting)}"
+                    f"{self._events_suffix(waiting[0])}"
+                )
+            w = watch.Watch()
+            for event in w.stream(
+                api.list_namespaced_pod,
+                self.namespace,
+                label_selector=manifests.selector(cluster),
+                resource_version=pods.metadata.resource_version,
+                timeout_seconds=max(1, int(min(left, 30))),
+            ):
+                p = event["object"]
+                self._check_pod(p)
+                if p.status and p.status.phase == "Running" and p.status.pod_ip:
+                    ips[p.metadata.name] = p.status.pod_ip
+                    console.counter("pods running", len(ips), num_nodes)
+                    if len(ips) == num_nodes:
+                        w.stop()
+                        break
+
+    def _check_pod(self, pod: Any) -> None:
+        status = pod.status
+        name = pod.metadata.name
+        if status is None:
+            return
+        if status.phase in ("Failed", "Succeeded"):
+            raise ProvisionError(
+                f"pod {name} {status.phase.lower()} before sshd came up{self._events_suffix(name, True)}"
+            )
+        for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                raise ProvisionError(f"pod {name} cannot be scheduled: {cond.message}{self._events_suffix(name)}")
+        for cs in status.container_statuses or []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in FATAL_WAITING:
+                raise ProvisionError(
+                    f"pod {name}: {waiting.reason}: {waiting.message or ''}".rstrip(": ") + self._events_suffix(name)
+                )
+
+    def _events_suffix(self, pod: str, logs: bool = False) -> str:
+        try:
+            events = self.api().list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}")
+            text = "; ".join(f"{e.reason}: {e.message}" for e in events.items[-3:] if e.message)
+        except Exception:  # noqa: BLE001 - the error itself matters more than its garnish
+            text = ""
+        if logs:
+            try:
+                tail = self.api().read_namespaced_pod_log(pod, self.namespace, tail_lines=3)
+                text = (text + "; " if text else "") + "log: " + " | ".join(tail.strip().splitlines()[-3:])
+            except Exception:  # noqa: BLE001
+                pass
+        return f" (events: {text})" if text else ""
+
+    # -- files that need pod IPs -----------------------------------------------------------
+
+    def _install_node_files(self, cluster: str, nodes: list[NodeAddress], files: dict[str, tuple[bytes, int]]) -> None:
+        """~/.ssh/config and known_hosts name every pod by IP, so write them once IPs exist."""
+        wanted = {k: v for k, v in files.items() if k in (".ssh/config", ".ssh/known_hosts")}
+        script = ["set -e", "umask 077", 'mkdir -p "$HOME/.ssh"']
+        for rel, (content, mode) in wanted.items():
+            b64 = base64.b64encode(content).decode()
+            script.append(f'echo {b64} | base64 -d > "$HOME/{rel}"')
+            script.append(f'chmod {mode:o} "$HOME/{rel}"')
+        command = ["/bin/sh", "-c", "\n".join(script)]
+        errors: dict[str, str] = {}
+
+        def one(node: NodeAddress) -> None:
+            code, out = self.exec(node.hostname, command)
+            if code != 0:
+                errors[node.hostname] = out.strip()[-300:] or f"exit {code}"
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            name, err = sorted(errors.items())[0]
+            raise ProvisionError(f"could not set up SSH on pod {name}: {err}")
+
+    def _wait_banners(self, pods: list[str]) -> None:
+        """Ready means every pod's sshd has sent its banner through a port-forward."""
+        from pytest_sky.ssh.kube_proxy import read_banner
+
+        deadline = time.monotonic() + self.ready_timeout
+        errors: dict[str, str] = {}
+
+        def one(pod: str) -> None:
+            last = ""
+            while time.monotonic() < deadline:
+                try:
+                    read_banner(self.api(), self.namespace, pod, timeout=10)
+                    return
+                except Exception as exc:  # noqa: BLE001 - sshd still starting: keep asking
+                    last = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                time.sleep(0.2)
+            errors[pod] = f"sshd sent no banner within {self.ready_timeout:.0f} s ({last})"
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in pods]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            pod, err = sorted(errors.items())[0]
+            raise ProvisionError(f"pod {pod}: {err}{self._events_suffix(pod, True)}")
+
+    def ssh_route(self, record: ClusterRecord, node: NodeAddress) -> dict[str, Any]:
+        """How the client reaches a node: the head by port-forward, workers through the head."""
+        if node.rank == 0:
+            return {"hostname": node.hostname, "proxy_command": self.proxy_command(node.hostname)}
+        return {"hostname": node.ip, "proxy_jump": record.name}
+
+    def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
+        from kubernetes.stream import stream
+
+        resp = stream(
+            self.api().connect_get_namespaced_pod_exec,
+            pod,
+            self.namespace,
+            command=command,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            _preload_content=False,
+        )
+        out = []
+        deadline = time.monotonic() + timeout
+        while resp.is_open() and time.monotonic() < deadline:
+            resp.update(timeout=1)
+            if resp.peek_stdout():
+                out.append(resp.read_stdout())
+            if resp.peek_stderr():
+                out.append(resp.read_stderr())
+        resp.close()
+        code = resp.returncode
+        return (code if code is not None else 1), "".join(out)
+
+
+def _agent_source() -> bytes:
+    from pytest_sky.bootstrap import AGENT_SOURCE
+
+    return AGENT_SOURCE.read_bytes()
