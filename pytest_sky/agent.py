@@ -481,18 +481,24 @@ def _execute(spec: dict, job_id: int, task_id: str, job_dir: str, emitter: _Emit
     base["SKYPILOT_NUM_NODES"] = str(len(spec["nodes"]))
     rank_env = spec.get("rank_env", {})
 
+    def _add_rank_env(env: dict, rank: int) -> None:
+        # The backend's per-node values (CUDA_VISIBLE_DEVICES) yield to the task's own envs.
+        for key, value in rank_env.get(str(rank), {}).items():
+            if key not in base:
+                env[key] = value
+
     def setup_env(rank: int) -> dict:
         env = dict(base)
         env.update(
             SKYPILOT_SETUP_NODE_IPS=ips, SKYPILOT_SETUP_NODE_RANK=str(rank), SKYPILOT_SETUP_NUM_GPUS_PER_NODE=gpus
         )
-        env.update(rank_env.get(str(rank), {}))
+        _add_rank_env(env, rank)
         return env
 
     def run_env(rank: int) -> dict:
         env = dict(base)
         env.update(SKYPILOT_NODE_IPS=ips, SKYPILOT_NODE_RANK=str(rank), SKYPILOT_NUM_GPUS_PER_NODE=gpus)
-        env.update(rank_env.get(str(rank), {}))
+        _add_rank_env(env, rank)
         return env
 
     returncode, error, codes = 0, None, [0] * len(spec["nodes"])

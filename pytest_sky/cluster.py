@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -177,6 +178,13 @@ class Cluster:
                 f"task {task.display_name!r} asks for num_nodes={task.num_nodes} but cluster "
                 f"{self.name} has {self.num_nodes}; launch a cluster of that size"
             )
+        wanted = task.resources.accelerators
+        have = self._record.resources.get("accelerators")
+        if wanted is not None and not have:
+            raise TaskError(
+                f"task {task.display_name!r} asks for {wanted} per node but cluster {self.name} has no GPUs; "
+                "launch it with gpus=... (or drop resources.accelerators)"
+            )
 
     def _agent(self, args: list[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
         return runner.agent_call(
@@ -240,7 +248,44 @@ class Cluster:
         """Copy the task's workdir and file mounts to every node."""
         if not task.workdir and not task.file_mounts:
             return
-        self._backend.sync_to_nodes(self._record, task.workdir, task.file_mounts)
+        if not self._backend.sync_to_nodes(self._record, task.workdir, task.file_mounts):
+            self._sync_over_ssh(task)
+
+    def _sync_over_ssh(self, task: Task) -> None:
+        """One tarball to the head, fanned out from there to every worker over head-to-worker SSH."""
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            if task.workdir:
+                tar.add(task.workdir, arcname="~/sky_workdir")
+            for remote, local in task.file_mounts.items():
+                tar.add(local, arcname=remote if remote.startswith("~/") else "/" + remote.lstrip("/"))
+        # Member names start with "~/" or "/": unpack ~-members in $HOME, the rest at /.
+        workers = " ".join(self._record.node_ips[1:])
+        script = (
+            "set -e; f=$HOME/.sky/sync.tgz; mkdir -p $HOME/.sky; cat > $f; "
+            'unpack() { d=$(mktemp -d); tar xzf "$1" -C "$d"; '
+            'if [ -d "$d/~" ]; then [ ! -d "$d/~/sky_workdir" ] || rm -rf "$HOME/sky_workdir"; '
+            'cp -a "$d/~/." "$HOME/"; rm -rf "$d/~"; fi; cp -a "$d/." /; rm -rf "$d"; }; '
+            "unpack $f; "
+            f'for ip in {workers}; do ssh $ip "mkdir -p .sky; cat > .sky/sync.tgz; $(declare -f unpack); '
+            'unpack .sky/sync.tgz" < $f & done; wait'
+        )
+        transport = self._connection().get_transport()
+        assert transport is not None
+        chan = transport.open_session()
+        try:
+            chan.exec_command(f"bash -c {shlex.quote(script)}")
+            chan.sendall(buf.getvalue())
+            chan.shutdown_write()
+            code = chan.recv_exit_status()
+            err = chan.recv_stderr(65536).decode("utf-8", "replace").strip() if chan.recv_stderr_ready() else ""
+        finally:
+            chan.close()
+        if code != 0:
+            raise RunError(f"could not copy the task's files to {self.name}: {err or f'exit {code}'}")
 
     def _connection(self) -> paramiko.SSHClient:
         with self._lock:
@@ -398,4 +443,10 @@ def reap_orphans(store: StateStore | None = None) -> list[str]:
             continue
         store.forget(record.name)
         reaped.append(record.name)
+    try:
+        from pytest_sky.backends.local import LocalBackend
+
+        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links()]
+    except (SkyError, OSError) as exc:
+        log.warning("could not reap stray links: %s", exc)
     return reaped

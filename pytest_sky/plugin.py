@@ -289,7 +289,8 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     """Factory: ``sky_launch(task=None, *, num_nodes=None, name=None, **resources) -> Cluster``.
 
     A task given (a Task or a YAML path) is launched and its result kept as
-    ``cluster.last_result``.  Every cluster is torn down after the test, pass or fail.
+    ``cluster.last_result``; ``timeout=`` bounds that run.  Every cluster is torn down after
+    the test, pass or fail.
     """
     from pytest_sky.cluster import launch
     from pytest_sky.errors import SkyError
@@ -301,7 +302,12 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     item.stash[_item_clusters_key] = mine
 
     def factory(
-        task: Any = None, *, num_nodes: int | None = None, name: str | None = None, **resources: Any
+        task: Any = None,
+        *,
+        num_nodes: int | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        **resources: Any,
     ) -> Cluster:
         try:
             cluster = launch(
@@ -312,6 +318,7 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
                 backend_options=settings.backend_options(),
                 keep=settings.keep_clusters,
                 on_created=_track,
+                run_timeout=timeout,
                 **resources,
             )
         except SkyError as exc:

@@ -77,6 +77,7 @@ class Backend(ABC):
         """Environment every rank gets from this backend (the local one forwards PATH)."""
         return {}
 
-    @abstractmethod
-    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
-        """Copy ``workdir`` to every node's ``~/sky_workdir`` and each file mount to its path."""
+    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> bool:
+        """Copy ``workdir`` to every node's ``~/sky_workdir`` and each file mount to its path,
+        if this backend has a faster way than SSH; False means "use SSH" (the default)."""
+        return False

@@ -224,12 +224,6 @@ class KubernetesBackend(Backend):
         pods = self.api().list_namespaced_pod(self.namespace, label_selector="app.kubernetes.io/managed-by=pytest-sky")
         return sorted({p.metadata.labels.get(manifests.LABEL_CLUSTER, "") for p in pods.items} - {""})
 
-    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
-        raise ProvisionError(
-            "workdir and file_mounts are not supported on the Kubernetes backend yet: "
-            "bake the files into the image or fetch them in the task's setup"
-        )
-
     def proxy_command(self, pod: str) -> str:
         argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", self.namespace, "--pod", pod]
         if self.kubeconfig:

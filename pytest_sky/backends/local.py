@@ -157,6 +157,10 @@ class LocalBackend(Backend):
         bindir = os.path.dirname(sys.executable)
         path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bindir]
         env = {"PATH": os.pathsep.join([bindir, *path])}
+        # What GPU software stacks need to find their libraries (NGC-style containers).
+        for key, value in os.environ.items():
+            if key in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "PYTHONPATH") or key.startswith("NCCL_"):
+                env[key] = value
         if sys.prefix != sys.base_prefix:
             env["VIRTUAL_ENV"] = sys.prefix
         elif os.environ.get("VIRTUAL_ENV"):
@@ -226,7 +230,7 @@ class LocalBackend(Backend):
         if data.get("bridge"):
             netns.delete_links(tools["ip"], [data["bridge"]])
 
-    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> None:
+    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> bool:
         homes = [Path(n["log"]).parent / "home" for n in record.backend_data.get("nodes", [])]
         for home in homes:
             if workdir:
@@ -237,6 +241,29 @@ class LocalBackend(Backend):
         for remote, local in file_mounts.items():
             if not remote.startswith("~/"):
                 _copy(Path(local), Path(remote))  # one shared filesystem: one copy serves all
+        return True
+
+    def reap_stray_links(self) -> list[str]:
+        """Bridges of ours that no cluster owns: the owner died between creating the bridge
+        and recording it (alias still empty), or its cluster directory has no record left.
+        A bridge with nodes attached is never touched."""
+        import re
+
+        def stray(name: str) -> bool:
+            base = Path("/sys/class/net") / name
+            if not re.fullmatch(rf"{netns.LINK_PREFIX}\d+", name) or any((base / "brif").glob("*")):
+                return False
+            owner = netns.link_alias(name)
+            return not owner or not (Path(owner) / "record.json").exists()
+
+        candidates = [n for n in os.listdir("/sys/class/net") if stray(n)]
+        if not candidates:
+            return []
+        time.sleep(0.5)  # a bridge being created right now gets its alias and ports within this
+        doomed = [n for n in candidates if stray(n)]
+        if doomed:
+            netns.delete_links(netns.require_tools()["ip"], doomed)
+        return doomed
 
     # -- helpers ---------------------------------------------------------------------------
 
