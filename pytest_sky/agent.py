@@ -1,19 +1,15 @@
-"""The agent: shipped to every node, run with the node's python, standard library only.
+"""The agent: shipped to every node, run on the head with the node's python, stdlib only.
 
-Two roles, one file (so one copy per node serves both):
+``agent.py run`` reads a run spec as the first line of stdin, allocates a job id, fans the
+task out to every rank (setup on every node first, then run) and streams JSON events on
+stdout: ``job``, ``start``, ``l`` (one output line), ``exit`` and finally ``done``.  When a
+rank fails, the others are stopped.  The rest of stdin is a lifeline: when it closes (the
+client went away, timed out or was interrupted), every rank is stopped.
+``agent.py submit`` does the same in a daemon on the head (a detached job) and returns at
+once; ``jobs``, ``wait``, ``logs``, ``events`` and ``cancel`` read and steer jobs.
 
-``agent.py run``  (on the head) reads a run spec as the first line of stdin, allocates a job
-    id, fans the task out to every rank (setup on every node first, then run), and streams
-    JSON events on stdout: ``{"e": "job"}``, ``{"e": "start"}``, ``{"e": "l"}`` (one output
-    line), ``{"e": "exit"}`` and finally ``{"e": "done"}``.  When a rank fails, the others are
-    stopped.  The rest of stdin is a lifeline: when it closes (the client went away, timed
-    out or was interrupted), every rank is stopped.
-
-``agent.py rank``  (on every node, the head included) runs one rank's script under bash in a
-    session of its own, prints ``PSKY-PID <pid>`` and then relays the script's merged output.
-    It is a child subreaper, so everything the script starts stays its descendant and is
-    killed when the script ends, when the rank is stopped, or when its stdin (the head's
-    SSH channel) closes.  Its exit status is the script's.
+Each rank runs under ``RANK_SUPERVISOR`` (bash), locally for the head and over head-to-worker
+SSH for workers.  Every job keeps its status, prefixed log and events in ``~/.sky/jobs/<id>``.
 
 Why our own agent and not Ray: a 2-node ``echo hi`` must cost tens of milliseconds, and the
 agent must run on any image that has python3; nothing off the shelf does both.
@@ -44,147 +40,44 @@ def line_prefix(rank: int, name: str, pid: int, ip: str, num_nodes: int, task_na
     return f"({name}, rank={rank}, pid={pid}, ip={ip}) "
 
 
-def _descendants(root: int) -> list[int]:
-    """Every descendant of ``root`` (a subreaper, so orphans stay in its subtree)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rindex(b")") + 2 :].split()
-        children.setdefault(int(rest[1]), []).append(int(entry))
-    out: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
 # ---------------------------------------------------------------------------- rank supervisor
 
-
-def _become_subreaper() -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except Exception:  # noqa: BLE001 - best effort: without it, orphans escape the tree walk
-        pass
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = os.read(fd, n - len(data))
-        if not chunk:
-            raise EOFError("stdin closed before the rank spec arrived")
-        data += chunk
-    return data
-
-
-def encode_rank_spec(payload: dict) -> bytes:
-    """Head -> rank: marshal (built in, no import cost) behind an 8-byte length."""
-    import marshal
-
-    body = marshal.dumps(payload, 4)
-    return len(body).to_bytes(8, "big") + body
+# One rank on one node, in bash: a Python supervisor cost ~30 ms of interpreter start per
+# node per run, this costs ~3.  The script runs in a session of its own (so its whole process
+# group can be signalled) and prints its pid before anything else; the supervisor waits and
+# exits with the script's status.
+# Its stdin is the lifeline: when the head closes it (the run failed elsewhere, timed out, was
+# cancelled, or the client went away) the script's process group gets SIGTERM, then SIGKILL.
+# Whatever the script leaves running in its group is killed when it ends.
+RANK_SUPERVISOR = r"""
+exec 3<&0
+setsid /bin/bash -c 'echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" </dev/null 2>&1 &
+pid=$!
+{ while read -r _; do :; done
+  kill -TERM -- -"$pid" 2>/dev/null; sleep 2; kill -KILL -- -"$pid" 2>/dev/null; } <&3 >/dev/null 2>&1 &
+life=$!
+exec 3<&-
+wait "$pid"; code=$?
+kill -KILL -- -"$pid" 2>/dev/null
+kill "$life" 2>/dev/null
+exit "$code"
+"""
 
 
-def rank_main() -> int:
-    """One rank: single-threaded and lean on imports, since it starts once per node per run."""
-    import marshal
-    import select
-
-    size = int.from_bytes(_read_exact(0, 8), "big")
-    spec = marshal.loads(_read_exact(0, size))
-    _become_subreaper()
-    env = dict(os.environ)
-    env.update(spec.get("env", {}))
-    cwd = os.path.expanduser(spec.get("cwd") or "~")
-    if not os.path.isdir(cwd):
-        cwd = os.path.expanduser("~")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the rank's script: a session of its own, stdin from /dev/null
-        try:
-            os.setsid()
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(write_end, 1)
-            os.dup2(write_end, 2)
-            os.closerange(3, 65536)
-            os.chdir(cwd)
-            os.execve("/bin/bash", ["bash", "-c", spec["script"]], env)
-        finally:
-            os._exit(127)
-    os.close(write_end)
-    os.write(1, PID_MARK + str(pid).encode() + b"\n")
-    me = os.getpid()
-    stopping = [False]
-    kill_at = [0.0]
-
-    def stop_tree(*_: object) -> None:
-        if not stopping[0]:
-            stopping[0] = True
-            kill_at[0] = time.monotonic() + STOP_GRACE_SECONDS
-            _signal_all(_descendants(me), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop_tree)
-    signal.signal(signal.SIGHUP, stop_tree)
-    child = os.pidfd_open(pid)
-    watch = [0, read_end, child]
-    code: int | None = None
-    while True:
-        ready, _, _ = select.select(watch, [], [], 0.2)
-        if 0 in ready and not os.read(0, 4096):  # lifeline: the head closed our stdin
-            watch.remove(0)
-            stop_tree()
-        if read_end in ready:
-            chunk = os.read(read_end, 65536)
-            if chunk:
-                try:
-                    _write_all(1, chunk)
-                except OSError:
-                    stop_tree()
-            else:
-                watch.remove(read_end)
-        if child in ready:
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            watch.remove(child)
-            # The script is done; anything it left running (a `&` job, a daemon) goes with it.
-            _signal_all([p for p in _descendants(me) if _alive(p)], signal.SIGKILL)
-            kill_at[0] = time.monotonic() + 5  # bound on draining output of killed leftovers
-        if stopping[0] and kill_at[0] and time.monotonic() > kill_at[0]:
-            _signal_all(_descendants(me), signal.SIGKILL)
-            if code is not None:
-                break
-            kill_at[0] = time.monotonic() + STOP_GRACE_SECONDS
-        if code is not None and read_end not in watch:
-            break
-        if code is not None and not stopping[0] and time.monotonic() > kill_at[0]:
-            break
-    return 128 - code if code < 0 else code
+def _sh_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
+def rank_script(script: str, env: dict, cwd: str | None) -> str:
+    """The rank's whole program: its environment, its directory, then the task's script."""
+    lines = [f"export {key}={_sh_quote(str(value))}" for key, value in env.items()]
+    if cwd:
+        target = "~/" + _sh_quote(cwd[2:]) if cwd.startswith("~/") else _sh_quote(cwd)
+        lines.append(f'cd {target} 2>/dev/null || cd "$HOME"')
+    else:
+        lines.append('cd "$HOME"')
+    lines.append(script)
+    return "\n".join(lines) + "\n"
 
 
 def _alive(pid: int) -> bool:
@@ -253,14 +146,14 @@ class _Rank:
         self.pid = 0
         self.code: int | None = None
         self.ssh_error = ""
-        python = spec["python"]
-        agent = spec["agent_path"]
+        program = rank_script(script, env, spec.get("cwd"))
         if self.rank == 0:
-            argv = [python, "-I", "-S", os.path.expanduser(agent), "rank"]
+            argv = ["/bin/bash", "-c", RANK_SUPERVISOR, "psky-rank", program]
         else:
             # The agent's own hops share one connection per worker (a user's ssh does not: a
             # racing master prints "ControlSocket ... already exists" into the task's output).
             # /run is private to the node, so the socket path is short and dies with it.
+            remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} psky-rank {_sh_quote(program)}"
             argv = [
                 "ssh",
                 "-T",
@@ -278,7 +171,7 @@ class _Rank:
                 "-o",
                 "ServerAliveCountMax=4",
                 node["ssh_target"],
-                f"{python} -I -S {agent} rank",
+                remote,
             ]
         self.proc = subprocess.Popen(
             argv,
@@ -288,10 +181,6 @@ class _Rank:
             stderr=subprocess.PIPE if self.rank else None,
             close_fds=True,
         )
-        payload = {"script": script, "env": env, "cwd": spec.get("cwd")}
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(encode_rank_spec(payload))
-        self.proc.stdin.flush()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         if self.rank:
@@ -726,15 +615,13 @@ COMMANDS = {
 
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else ""
-    if mode == "rank":
-        return rank_main()
     if mode == "run":
         return run_main()
     if mode == "submit":
         return submit_main()
     if mode in COMMANDS:
         return COMMANDS[mode](argv[2:])
-    sys.stderr.write("usage: agent.py run|submit|rank|jobs|wait|logs|events|cancel ...\n")
+    sys.stderr.write("usage: agent.py run|submit|jobs|wait|logs|events|cancel ...\n")
     return 2
 
 
