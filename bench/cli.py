@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         ("bring-up", lambda: sections.bringup(plan, namer, workdir)),
         ("run latency", lambda: sections.run_latency(plan, namer)),
         ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
+        ("all_reduce", lambda: sections.allreduce(plan, namer)),
     ]
     try:
         for name, step in steps:

@@ -20,6 +20,7 @@ class Target:
     limit: float
     source: str
     at_least: bool = False  # counts (successes) must reach the limit; times must stay under it
+    on_ratio: bool = False  # judged on value / baseline (bandwidth against loopback)
 
     def met(self, value: float) -> bool:
         return value >= self.limit if self.at_least else value <= self.limit
@@ -55,7 +56,7 @@ class Figure:
     def verdicts(self) -> list[tuple[Target, bool]]:
         if self.value is None:
             return [(t, False) for t in self.targets]
-        return [(t, t.met(self.value)) for t in self.targets]
+        return [(t, t.met(self.ratio if t.on_ratio and self.ratio is not None else self.value)) for t in self.targets]
 
     @property
     def passed(self) -> bool | None:

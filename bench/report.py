@@ -24,10 +24,14 @@ def fmt(value: float | None, unit: str, total: int | None = None) -> str:
         return f"{int(value)}/{total}" if total is not None else str(int(value))
     if unit == "ms":
         return f"{value:.1f} ms"
+    if unit == "GB/s":
+        return f"{value:.3f} GB/s"
     return f"{value:.3f} s"
 
 
 def fmt_target(t: Target, unit: str) -> str:
+    if t.on_ratio:
+        return f"ratio >= {t.limit:g} ({t.source})"
     if unit == "count":
         return f">= {int(t.limit)}/{int(t.limit)} ({t.source})"
     limit = f"{t.limit:g} ms" if unit == "ms" else f"{t.limit:g} s"

@@ -332,3 +332,26 @@ def concurrency(plan: Plan, namer: Namer) -> list[Figure]:
             **common,
         ),
     ]
+
+
+def allreduce(plan: Plan, namer: Namer) -> list[Figure]:
+    """gloo all_reduce of 64 MiB: 2 local nodes against 2 plain processes on 127.0.0.1."""
+    from bench.allreduce import measure
+
+    progress("all_reduce: 64 MiB between 2 nodes and between 2 loopback processes")
+    result = measure(
+        runs=3 if plan.bringup_reps < 5 else 5, pairs=2 if plan.bringup_reps < 5 else 3, name=namer("allreduce")
+    )
+    return [
+        Figure(
+            section="all_reduce",
+            name="gloo all_reduce 64 MiB, 2 nodes (GB/s)",
+            unit="GB/s",
+            value=result["nodes_gbps"],
+            baseline=result["loopback_gbps"],
+            baseline_name="2 processes on 127.0.0.1",
+            targets=[Target(0.95, "DESIGN §7", at_least=True, on_ratio=True)],
+            samples=list(result.get("nodes_rounds", [])),
+            baseline_samples=list(result.get("loopback_rounds", [])),
+        )
+    ]

@@ -106,7 +106,8 @@ class Cluster:
         *,
         on_line: object = None,
     ) -> RunResult:
-        """Run a command (bash, every rank) or a task; waits for every rank.
+        """Run a command (bash, on every node) or a task (on its first ``num_nodes`` nodes, as
+        ``sky exec`` does); waits for every rank.
 
         A rank exiting non-zero is reported through the result (``returncode``, ``error``),
         not raised; problems reaching the cluster raise :class:`RunError`.
@@ -173,7 +174,7 @@ class Cluster:
     # -- helpers ---------------------------------------------------------------------------
 
     def _check_fits(self, task: Task) -> None:
-        if task.num_nodes not in (1, self.num_nodes):
+        if task.num_nodes > self.num_nodes:
             raise TaskError(
                 f"task {task.display_name!r} asks for num_nodes={task.num_nodes} but cluster "
                 f"{self.name} has {self.num_nodes}; launch a cluster of that size"
@@ -219,9 +220,10 @@ class Cluster:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
                 raise TaskError(f"env name {key!r} is not a valid environment variable name")
             envs[str(key)] = str(value)
+        # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
         nodes = [
             {"rank": r, "name": "head" if r == 0 else f"worker{r}", "ip": ip, "ssh_target": ip}
-            for r, ip in enumerate(self._record.node_ips)
+            for r, ip in enumerate(self._record.node_ips[: task.num_nodes])
         ]
         return {
             "cluster": self.name,

@@ -281,3 +281,12 @@ def test_forward_policy_detection(nf, rules, problem):
     assert (message is not None) == problem
     if message:
         assert "iptables" in message and "\n" not in message
+
+
+def test_a_smaller_task_runs_on_the_first_nodes(cluster3):
+    """As `sky exec`: a task runs on its num_nodes first nodes; a command on all of them."""
+    res = cluster3.run(Task(run='echo "$SKYPILOT_NUM_NODES $(echo "$SKYPILOT_NODE_IPS" | wc -l)"', num_nodes=2))
+    assert by_rank(res) == ["2 2", "2 2"]
+    assert cluster3.run(Task(name="solo", run="hostname")).output.startswith("(solo, pid=")
+    with pytest.raises(TaskError, match="num_nodes=4"):
+        cluster3.run(Task(run="true", num_nodes=4))
