@@ -165,11 +165,11 @@ class _Rank:
                 "ControlPath=/run/psky-cm-%C",
                 "-o",
                 "ControlPersist=120",
-                # A worker that vanishes (its node killed, its link gone) fails the run in ~4 s.
+                # A worker that vanishes (its node killed, its link gone) fails the run in ~3 s.
                 "-o",
                 "ServerAliveInterval=1",
                 "-o",
-                "ServerAliveCountMax=4",
+                "ServerAliveCountMax=3",
                 node["ssh_target"],
                 remote,
             ]
@@ -291,7 +291,7 @@ def _run_phase(
 
     def watch(r: _Rank) -> None:
         code = r.wait()
-        emitter.event(e="exit", rank=r.rank, code=code, phase=phase)
+        emitter.event(e="exit", rank=r.rank, code=code, phase=phase, t=round(time.time(), 3))
         with lock:
             if code != 0 and not first_failure and not cancelled.is_set():
                 first_failure.append(r)

@@ -201,7 +201,10 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
     (the cluster's directory) goes into the link's alias, so a leftover link says whose it is.
     """
     proc = subprocess.run(
-        [ip, "link", "add", name, "mtu", str(mtu), "type", "bridge"],
+        # A fixed address: a bridge otherwise takes the lowest address among its ports, and
+        # when that port leaves (a node dies) every node's ARP entry for the bridge goes stale
+        # for seconds, stalling the client's connection to the head.
+        [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), "type", "bridge"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -227,6 +230,13 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
         delete_links(ip, [name])
         raise
     return True
+
+
+def _local_mac() -> str:
+    """A random locally administered unicast MAC address."""
+    octets = bytearray(os.urandom(6))
+    octets[0] = (octets[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in octets)
 
 
 def set_alias(link: str, alias: str) -> None:
