@@ -1,0 +1,45 @@
+"""A Kubernetes API emulator for testing the kubernetes backend without a cluster.
+
+It speaks the subset of the REST API the backend uses (pods, secrets, services, nodes,
+events, namespaces; get/list/watch/create/delete with selectors; exec; port-forward; logs)
+to the official client through a generated kubeconfig, and runs every pod as a namespace
+node of the local backend.  Layout:
+
+- ``server.py``: HTTP paths, auth, watches, logs, the admin endpoint; ``EmulatorServer``
+  (async core) and ``Emulator`` (in-process, background thread).
+- ``cluster.py``: API semantics (defaulting, validation, deletion), events, scheduler loop.
+- ``scheduler.py``: resource fit, taints, node selectors, pod anti-affinity.
+- ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts, exec/port-forward
+  plumbing, reaping a SIGKILLed emulator's leftovers.
+- ``streams.py``: the exec and port-forward WebSocket channel protocols.
+- ``store.py``: objects, resourceVersions and watch fan-out.
+- ``selectors.py``, ``faults.py``: label/field selectors; injected faults.
+
+Run it as a process with ``python -m tests.kube_emulator --kubeconfig PATH``.
+"""
+
+from __future__ import annotations
+
+from tests.kube_emulator.cluster import ClusterConfig
+from tests.kube_emulator.faults import Faults
+from tests.kube_emulator.server import (
+    BAD_TOKEN,
+    CONTEXT,
+    NOBODY_TOKEN,
+    READONLY_TOKEN,
+    Emulator,
+    EmulatorServer,
+    default_state_dir,
+)
+
+__all__ = [
+    "BAD_TOKEN",
+    "CONTEXT",
+    "NOBODY_TOKEN",
+    "READONLY_TOKEN",
+    "ClusterConfig",
+    "Emulator",
+    "EmulatorServer",
+    "Faults",
+    "default_state_dir",
+]

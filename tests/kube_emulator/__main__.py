@@ -1,0 +1,115 @@
+"""``python -m tests.kube_emulator --kubeconfig PATH [--nodes 3] [--gpus-per-node N] ...``
+
+Serves until SIGTERM/SIGINT/SIGHUP, then stops every pod it runs and removes its bridge,
+its instance directory and the kubeconfig it wrote.  The kubeconfig appears (atomically)
+only once the server answers, so a script can wait for the file::
+
+    python -m tests.kube_emulator --kubeconfig /tmp/kc --nodes 3 &
+    while [ ! -e /tmp/kc ]; do sleep 0.1; done
+    KUBECONFIG=/tmp/kc pytest smoke --kubernetes -k multinode
+    kill %1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from pytest_sky.errors import SkyError
+from tests.kube_emulator.cluster import ClusterConfig
+from tests.kube_emulator.faults import Faults
+from tests.kube_emulator.server import EmulatorServer, default_state_dir
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.kube_emulator", description=__doc__.split("\n")[0])
+    p.add_argument("--kubeconfig", required=True, type=Path, help="where to write the kubeconfig once ready")
+    p.add_argument("--nodes", type=int, default=3, help="emulated nodes (default 3)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu capacity of each node (default 0)")
+    p.add_argument("--cpus-per-node", default="16", help="cpu capacity of each node (default 16)")
+    p.add_argument("--memory-per-node", default="64Gi", help="memory capacity of each node (default 64Gi)")
+    p.add_argument(
+        "--gpu-taint", action="store_true", help="taint GPU nodes nvidia.com/gpu=present:NoSchedule (as GKE does)"
+    )
+    p.add_argument("--mtu", type=int, default=65535, help="MTU of the pods' veths (default 65535)")
+    p.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="default: a free port")
+    p.add_argument("--fault-pending", action="append", default=[], metavar="GLOB", help="pods that stay Pending")
+    p.add_argument(
+        "--fault-image-pull", action="append", default=[], metavar="GLOB", help="pods/images that fail to pull"
+    )
+    p.add_argument("--fault-crash", action="append", default=[], metavar="GLOB", help="pods whose container exits 1")
+    p.add_argument("--fault-drop-portforward-after-bytes", type=int, default=None, metavar="N")
+    p.add_argument("--faults", default=None, metavar="JSON", help="faults as the admin endpoint takes them")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    faults = Faults()
+    if args.faults:
+        faults.update(json.loads(args.faults))
+    faults.update(
+        {
+            k: v
+            for k, v in {
+                "pending": args.fault_pending,
+                "image_pull": args.fault_image_pull,
+                "crash": args.fault_crash,
+                "drop_portforward_after_bytes": args.fault_drop_portforward_after_bytes,
+            }.items()
+            if v not in (None, [])
+        }
+    )
+    config = ClusterConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node,
+        memory_per_node=args.memory_per_node,
+        gpu_taint=args.gpu_taint,
+        mtu=args.mtu,
+    )
+    server = EmulatorServer(
+        config,
+        faults=faults,
+        state_dir=args.state_dir,
+        kubeconfig_path=args.kubeconfig.absolute(),
+        host=args.host,
+        port=args.port,
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        print(
+            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {server.cluster.kubelet.bridge}); "
+            f"kubeconfig {server.kubeconfig_path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="kube-emulator %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(args))
+    except (SkyError, ValueError) as exc:
+        print(f"kube emulator: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,982 @@
+"""The emulated kubelet: every bound pod runs as a namespace node of the local backend.
+
+A pod is a ``pytest_sky.backends.netns`` node whose first process is the container's
+command: its own network, UTS, mount and PID namespaces, one veth into the emulator's
+bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
+the local backend leases its subnets), a private ``/run``, and bind-mounted ``/etc/passwd``
+(root's home is the pod's own directory) and ``/etc/hosts`` (which stands in for cluster
+DNS: the pod and, through a headless Service named like the pod's ``subdomain``, its
+peers).  Secret volumes are written to a host directory and bind-mounted read-only.
+
+Why nodes rather than containers: the emulator's pods must run the backend's real
+start-up script and a real sshd, reachable by port-forward, as on a cluster; the local
+backend's node primitive already does that in ~0.1 s per pod, with teardown that leaves
+nothing (killing a PID namespace's first process ends every process in it).
+
+Everything that blocks (``ip``, ``unshare``, waiting for the node's handshake) runs on a
+thread pool; state changes happen on the server's event loop.  What was started is
+recorded in ``emulator.json`` in the instance directory, so a later emulator can reap the
+leftovers of one that was SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_sky.backends import netns
+from pytest_sky.backends.local import passwd_with_home
+from pytest_sky.errors import ProvisionError
+
+if TYPE_CHECKING:
+    from tests.kube_emulator.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s, shared with the local backend's leases
+RECORD = "emulator.json"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def subnet_of(index: int) -> tuple[str, str]:
+    base = f"198.{18 + index // 256}.{index % 256}."
+    return base + "0/24", base
+
+
+def image_path() -> str:
+    """The PATH a container starts with: the emulator's own interpreter first, as if the
+    image shipped the Python (and torch) this machine's tests run with."""
+    bindir = os.path.dirname(sys.executable)
+    return f"{bindir}:{DEFAULT_PATH}"
+
+
+class MountError(Exception):
+    """A volume cannot be set up (FailedMount; retried, as the kubelet does)."""
+
+
+class CreateError(Exception):
+    """The container cannot be created at all (CreateContainerError; not retried)."""
+
+
+@dataclass
+class PodRuntime:
+    """The kubelet's side of one pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    root: Path
+    node_name: str
+    ip: str | None = None
+    node: netns.NodeProcess | None = None
+    init_pidfd: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    hostname: str = ""
+    subdomain: str = ""
+    deleting: bool = False
+    exits: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    container_id: str = ""
+    started_at: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "node.log"
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the pod is being deleted."""
+        self.wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), seconds)
+
+
+def socket_in_netns(pid: int, family: int) -> socket.socket:
+    """A TCP socket created inside the network namespace of ``pid``.
+
+    A socket keeps the namespace it was created in, so the thread may switch back at once;
+    connecting it to 127.0.0.1 then reaches the pod's own loopback, which is what a real
+    kubelet's port-forward dials.  Runs on a dedicated thread: setns(2) changes only the
+    calling thread's namespace.
+    """
+    host = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    except OSError:
+        os.close(host)
+        raise
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        finally:
+            if _libc.setns(host, CLONE_NEWNET) != 0:  # pragma: no cover - cannot happen for our own ns
+                os._exit(70)
+        sock.setblocking(False)
+        return sock
+    finally:
+        os.close(target)
+        os.close(host)
+
+
+class Kubelet:
+    """Runs the pods the scheduler bound, on one bridge for the whole emulated cluster."""
+
+    def __init__(self, cluster: Cluster, instance_dir: Path, mtu: int = 65535) -> None:
+        self.cluster = cluster
+        self.instance_dir = instance_dir
+        self.mtu = mtu
+        self.tools: dict[str, str] = {}
+        self.index = -1
+        self.bridge = ""
+        self.subnet = ""
+        self.base = ""
+        self.runtimes: dict[tuple[str, str], PodRuntime] = {}
+        self.used_ips: set[int] = set()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
+        self.netns_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubelet-netns")
+        self.nsenter = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin") or "nsenter"
+        self.setsid = shutil.which("setsid", path="/usr/bin:/bin:/usr/sbin:/sbin") or "setsid"
+        self.kubeconfig: str = ""
+
+    # -- network ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Lease a subnet by creating its bridge (atomic in the kernel), as the local backend does."""
+        netns.require_privileges()
+        self.tools = netns.require_tools()
+        netns.check_forward_policy()
+        self.instance_dir.mkdir(parents=True, exist_ok=True)
+        start = random.randrange(NUM_SUBNETS)
+        for step in range(NUM_SUBNETS):
+            index = (start + step) % NUM_SUBNETS
+            name = f"{netns.LINK_PREFIX}{index}"
+            if netns.link_exists(name):
+                continue
+            subnet, base = subnet_of(index)
+            if netns.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, str(self.instance_dir)):
+                self.index, self.bridge, self.subnet, self.base = index, name, subnet, base
+                self.persist()
+                return
+        raise ProvisionError("all 512 subnets of 198.18.0.0/15 are in use (look for psky* links with `ip link`)")
+
+    @property
+    def host_ip(self) -> str:
+        return self.base + "1"
+
+    def _alloc_ip(self) -> int:
+        for octet in range(2, 255):
+            if octet not in self.used_ips:
+                self.used_ips.add(octet)
+                return octet
+        raise ProvisionError("the emulated cluster's /24 has no free pod address (253 pods at most)")
+
+    def persist(self) -> None:
+        """What a later emulator needs to reap this one's leftovers after a SIGKILL."""
+        nodes = {}
+        for rt in self.runtimes.values():
+            if rt.node is not None:
+                nodes[f"{rt.namespace}/{rt.name}"] = {
+                    "pid": rt.node.pid,
+                    "init_pid": rt.node.init_pid,
+                    "start_time": netns.process_start_time(rt.node.pid),
+                    "veth": rt.node.veth,
+                }
+        record = {
+            "pid": os.getpid(),
+            "start_time": netns.process_start_time(os.getpid()),
+            "bridge": self.bridge,
+            "kubeconfig": self.kubeconfig,
+            "nodes": nodes,
+        }
+        tmp = self.instance_dir / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, self.instance_dir / RECORD)
+
+    # -- pod lifecycle ----------------------------------------------------------------------
+
+    def bind(self, pod: dict[str, Any]) -> None:
+        """The scheduler bound ``pod`` to a node: start running it."""
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self.runtimes:
+            return
+        spec = pod["spec"]
+        rt = PodRuntime(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            root=self.pod_root(meta["namespace"], meta["name"], meta["uid"]),
+            node_name=spec["nodeName"],
+            hostname=spec.get("hostname") or meta["name"][:63],
+            subdomain=spec.get("subdomain") or "",
+        )
+        self.runtimes[key] = rt
+        rt.task = asyncio.get_running_loop().create_task(self._run(rt), name=f"pod {key}")
+
+    def kill(self, namespace: str, name: str) -> bool:
+        """Stop a pod being deleted; False when the kubelet has nothing of it (delete at once)."""
+        rt = self.runtimes.get((namespace, name))
+        if rt is None:
+            return False
+        rt.deleting = True
+        rt.wake.set()
+        self._signal_node(rt)
+        return True
+
+    def _signal_node(self, rt: PodRuntime) -> None:
+        """SIGKILL the pod's first process (through its pidfd: never a recycled pid), which
+        ends its whole PID namespace; without one, unshare's --kill-child does the same."""
+        if rt.init_pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(rt.init_pidfd, signal.SIGKILL)
+        elif rt.node is not None and rt.node.popen is not None and rt.node.popen.poll() is None:
+            with contextlib.suppress(OSError):
+                rt.node.popen.kill()
+
+    async def shutdown(self) -> None:
+        """Stop every pod, then remove the bridge and the instance directory."""
+        tasks = []
+        for rt in list(self.runtimes.values()):
+            rt.deleting = True
+            rt.wake.set()
+            self._signal_node(rt)
+            if rt.task is not None:
+                tasks.append(rt.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=20)
+        leftovers = [rt.node for rt in self.runtimes.values() if rt.node is not None]
+        loop = asyncio.get_running_loop()
+        if leftovers:
+            await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], leftovers)
+        if self.bridge:
+            await loop.run_in_executor(self.pool, netns.delete_links, self.tools["ip"], [self.bridge])
+            self.bridge = ""
+        self.pool.shutdown(wait=False)
+        self.netns_pool.shutdown(wait=False)
+        shutil.rmtree(self.instance_dir, ignore_errors=True)
+
+    async def _run(self, rt: PodRuntime) -> None:
+        try:
+            await self._lifecycle(rt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("pod %s/%s failed in the emulated kubelet", rt.namespace, rt.name)
+            self._set_container(rt, waiting={"reason": "RunContainerError", "message": str(exc)})
+        finally:
+            if rt.node is not None:
+                node, rt.node = rt.node, None
+                self._close_pidfd(rt)
+                await asyncio.get_running_loop().run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+            if rt.ip is not None:
+                self.used_ips.discard(int(rt.ip.rsplit(".", 1)[1]))
+            self.runtimes.pop(rt.key, None)
+            self.persist()
+            self.refresh_hosts(rt.namespace)
+            if rt.deleting:
+                await asyncio.get_running_loop().run_in_executor(
+                    self.pool, lambda: shutil.rmtree(rt.root, ignore_errors=True)
+                )
+                self.cluster.pod_stopped_for_deletion(rt.namespace, rt.name, rt.uid)
+            self.cluster.trigger_scheduler()
+
+    def _pod(self, rt: PodRuntime) -> dict[str, Any] | None:
+        pod = self.cluster.store.get("pods", rt.namespace, rt.name)
+        if pod is None or pod["metadata"]["uid"] != rt.uid:
+            return None
+        return pod
+
+    async def _lifecycle(self, rt: PodRuntime) -> None:
+        pod = self._pod(rt)
+        if pod is None:
+            return
+        container = pod["spec"]["containers"][0]
+        if self.cluster.faults.matches("image_pull", pod):
+            await self._image_pull_failure(rt, container)
+            if rt.deleting:
+                return
+        # Volumes: retried while they fail, as the kubelet does (a Secret may come later).
+        mounts: dict[str, str] | None = None
+        while mounts is None and not rt.deleting:
+            pod = self._pod(rt)
+            if pod is None:
+                return
+            try:
+                mounts = self._prepare_volumes(rt, pod, container)
+            except MountError as exc:
+                self.cluster.record_event(pod, "Warning", "FailedMount", str(exc), component="kubelet")
+                self._set_container(rt, waiting={"reason": "ContainerCreating"})
+                await rt.sleep(2.0)
+            except CreateError as exc:
+                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
+                self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
+                while not rt.deleting:
+                    await rt.sleep(3600)
+                return
+        if rt.deleting or mounts is None:
+            return
+        rt.ip = self.base + str(self._alloc_ip())
+        self.cluster.store.modify("pods", rt.namespace, rt.name, lambda p: _set_ips(p, rt.ip, self.host_ip))
+        first = True
+        while not rt.deleting:
+            code = await self._run_once(rt, container, mounts, first)
+            first = False
+            if rt.deleting or code is None:
+                return
+            rt.exits += 1
+            pod = self._pod(rt)
+            if pod is None:
+                return
+            policy = pod["spec"].get("restartPolicy") or "Always"
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                self._set_phase_done(rt, code)
+                return
+            if rt.exits >= 2:
+                delay = min(10 * 2 ** (rt.exits - 2), 300)
+                cname = container["name"]
+                message = (
+                    f"back-off {delay}s restarting failed container={cname} pod={rt.name}_{rt.namespace}({rt.uid})"
+                )
+                self._set_container(rt, waiting={"reason": "CrashLoopBackOff", "message": message})
+                self.cluster.record_event(
+                    pod,
+                    "Warning",
+                    "BackOff",
+                    f"Back-off restarting failed container {cname} in pod {rt.name}_{rt.namespace}({rt.uid})",
+                    component="kubelet",
+                    container=0,
+                )
+                await rt.sleep(delay)
+            with contextlib.suppress(OSError):
+                os.replace(rt.log_path, rt.root / "node.log.previous")
+
+    async def _image_pull_failure(self, rt: PodRuntime, container: dict[str, Any]) -> None:
+        """ErrImagePull, then ImagePullBackOff with growing back-off, while the fault holds."""
+        image = container.get("image", "")
+        delay = 1.0
+        while not rt.deleting:
+            pod = self._pod(rt)
+            if pod is None or not self.cluster.faults.matches("image_pull", pod):
+                return
+            msg = (
+                f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack '
+                f'image "{image}": not found (injected by the kube emulator)'
+            )
+            rec = self.cluster.record_event
+            rec(pod, "Normal", "Pulling", f'Pulling image "{image}"', component="kubelet", container=0)
+            rec(pod, "Warning", "Failed", msg, component="kubelet", container=0)
+            rec(pod, "Warning", "Failed", "Error: ErrImagePull", component="kubelet", container=0)
+            self._set_container(rt, waiting={"reason": "ErrImagePull", "message": msg})
+            await rt.sleep(min(delay, 1.0))
+            if rt.deleting or self._pod(rt) is None:
+                return
+            rec(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"', component="kubelet", container=0)
+            rec(pod, "Warning", "Failed", "Error: ImagePullBackOff", component="kubelet", container=0)
+            self._set_container(
+                rt, waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+            )
+            await rt.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    def _prepare_volumes(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """Write each mounted Secret volume into the pod's directory; host dir -> mount path."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts: dict[str, str] = {}
+        for vm in container.get("volumeMounts") or []:
+            vol = volumes.get(vm["name"], {})
+            path = vm["mountPath"]
+            if vm.get("subPath"):
+                raise CreateError(f"the kube emulator does not support subPath mounts ({vm['name']} at {path})")
+            creatable = path.startswith("/run/") and path.rstrip("/") != "/run"
+            if "secret" in vol:
+                if not creatable and not os.path.isdir(path):
+                    raise CreateError(
+                        f"mount path {path} does not exist: the kube emulator's pods share this machine's "
+                        "filesystem and can create mount points only under /run/"
+                    )
+                mounts[str(self._write_secret_volume(rt, vol))] = path
+            elif "emptyDir" in vol:
+                if not os.path.isdir(path):
+                    raise CreateError(
+                        f"emptyDir {vm['name']}: {path} does not exist; the kube emulator maps emptyDir "
+                        "volumes to existing directories of this machine only"
+                    )
+            else:
+                kinds = sorted(set(vol) - {"name"}) or ["(missing)"]
+                raise CreateError(f"volume {vm['name']}: the kube emulator supports secret and emptyDir, not {kinds}")
+        return mounts
+
+    def _write_secret_volume(self, rt: PodRuntime, vol: dict[str, Any]) -> Path:
+        source = vol["secret"]
+        secret_name = source.get("secretName", "")
+        secret = self.cluster.store.get("secrets", rt.namespace, secret_name)
+        target = rt.root / "volumes" / vol["name"]
+        if secret is None:
+            if source.get("optional"):
+                target.mkdir(parents=True, exist_ok=True)
+                return target
+            raise MountError(f'MountVolume.SetUp failed for volume "{vol["name"]}" : secret "{secret_name}" not found')
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        default_mode = int(source.get("defaultMode", 0o644))
+        files: list[tuple[str, bytes, int]] = []
+        if source.get("items"):
+            for item in source["items"]:
+                if item["key"] not in data:
+                    if source.get("optional"):
+                        continue
+                    raise MountError(
+                        f'MountVolume.SetUp failed for volume "{vol["name"]}" : '
+                        f"configmap references non-existent config key: {item['key']}"
+                    )
+                files.append((item["path"], data[item["key"]], int(item.get("mode", default_mode))))
+        else:
+            files = [(k, v, default_mode) for k, v in data.items()]
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True, mode=0o755)
+        for rel, content, mode in files:
+            dest = target / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o777)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(content)
+            os.chmod(dest, mode & 0o777)
+        return target
+
+    def _container_env(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": str(rt.root / "home")}
+        for source in container.get("envFrom") or []:
+            ref = source.get("secretRef")
+            if ref:
+                secret = self.cluster.store.get("secrets", rt.namespace, ref.get("name", "")) or {}
+                for k, v in (secret.get("data") or {}).items():
+                    env[source.get("prefix", "") + k] = base64.b64decode(v).decode(errors="replace")
+        fields = {
+            "metadata.name": rt.name,
+            "metadata.namespace": rt.namespace,
+            "metadata.uid": rt.uid,
+            "spec.nodeName": rt.node_name,
+            "status.podIP": rt.ip or "",
+            "status.hostIP": self.host_ip,
+            "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+        }
+        for item in container.get("env") or []:
+            value = item.get("value")
+            ref = item.get("valueFrom") or {}
+            if "fieldRef" in ref:
+                value = fields.get(ref["fieldRef"].get("fieldPath", ""), "")
+            elif "secretKeyRef" in ref:
+                sref = ref["secretKeyRef"]
+                secret = self.cluster.store.get("secrets", rt.namespace, sref.get("name", "")) or {}
+                raw = (secret.get("data") or {}).get(sref.get("key", ""))
+                value = base64.b64decode(raw).decode(errors="replace") if raw is not None else ""
+            env[item["name"]] = value or ""
+        env["HOME"] = str(rt.root / "home")  # root's home is the node's own directory
+        return env
+
+    def _node_spec(
+        self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any], mounts: dict[str, str]
+    ) -> netns.NodeSpec:
+        (rt.root / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
+        home = rt.root / "home"
+        home.mkdir(exist_ok=True, mode=0o700)
+        (rt.root / "etc" / "passwd").write_text(passwd_with_home(home))
+        hosts = rt.root / "etc" / "hosts"
+        if not hosts.exists():
+            hosts.write_text(self._hosts_for(rt))
+        os.chmod(rt.root / "etc" / "passwd", 0o644)
+        os.chmod(hosts, 0o644)
+        command = list(container.get("command") or []) + list(container.get("args") or [])
+        if not command:
+            command = ["sleep", "infinity"]  # no image metadata here: an idle container
+        if self.cluster.faults.matches("crash", pod):
+            command = ["/bin/sh", "-c", "echo 'kube emulator: injected crash' >&2; exit 1"]
+        rt.workdir = container.get("workingDir") or "/"
+        rt.env = self._container_env(rt, pod, container)
+        # The node inherits the emulator's cwd; a container starts in its workingDir.
+        command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
+        octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
+        return netns.NodeSpec(
+            hostname=rt.hostname,
+            ip=rt.ip or "",
+            root=rt.root,
+            veth=f"{netns.LINK_PREFIX}{self.index}p{octet}",
+            extra_mounts=mounts,
+            command=command,
+            env=rt.env,
+        )
+
+    async def _run_once(
+        self, rt: PodRuntime, container: dict[str, Any], mounts: dict[str, str], first: bool
+    ) -> int | None:
+        """Start the container's node and wait for its command to exit; its exit code."""
+        pod = self._pod(rt)
+        if pod is None:
+            return None
+        loop = asyncio.get_running_loop()
+        spec = self._node_spec(rt, pod, container, mounts)
+        if first:
+            image = container.get("image", "")
+            self.cluster.record_event(
+                pod,
+                "Normal",
+                "Pulled",
+                f'Container image "{image}" already present on machine',
+                component="kubelet",
+                container=0,
+            )
+        try:
+            started = await loop.run_in_executor(
+                self.pool,
+                lambda: netns.start_nodes(
+                    [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
+                ),
+            )
+        except ProvisionError as exc:
+            message = f"failed to create containerd task: {exc}"
+            self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", component="kubelet", container=0)
+            self._set_container(
+                rt, terminated={"exitCode": 128, "reason": "StartError", "message": message}, running=False
+            )
+            return 128
+        node = started[0]
+        rt.node = node
+        try:
+            rt.init_pidfd = os.pidfd_open(node.init_pid) if node.init_pid else None
+        except OSError:
+            rt.init_pidfd = None
+        self.persist()
+        if rt.deleting:
+            self._signal_node(rt)
+        rt.container_id = "containerd://" + hashlib.sha256(f"{rt.uid}/{rt.exits}".encode()).hexdigest()
+        rt.started_at = self.cluster.now()
+        self.cluster.record_event(
+            pod, "Normal", "Created", f"Created container: {container['name']}", component="kubelet", container=0
+        )
+        self.cluster.record_event(
+            pod, "Normal", "Started", f"Started container {container['name']}", component="kubelet", container=0
+        )
+        self._set_running(rt)
+        self.refresh_hosts(rt.namespace)
+        code = await self._wait_exit(node)
+        rt.node = None
+        self._close_pidfd(rt)
+        await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+        self.persist()
+        self.refresh_hosts(rt.namespace)
+        if not rt.deleting:
+            self._set_container(
+                rt,
+                terminated={"exitCode": code, "reason": "Completed" if code == 0 else "Error"},
+                running=False,
+            )
+        return code
+
+    def _close_pidfd(self, rt: PodRuntime) -> None:
+        if rt.init_pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(rt.init_pidfd)
+            rt.init_pidfd = None
+
+    async def _wait_exit(self, node: netns.NodeProcess) -> int:
+        """The node's exit code, woken by a pidfd (no polling): unshare exits with its child's
+        status, or is killed by the same signal (128 + signal, as a container runtime reports)."""
+        loop = asyncio.get_running_loop()
+        assert node.popen is not None
+        try:
+            fd = os.pidfd_open(node.pid)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            done = loop.create_future()
+            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+            try:
+                await done
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        code = await loop.run_in_executor(self.pool, node.popen.wait)
+        return 128 - code if code < 0 else code
+
+    # -- status -----------------------------------------------------------------------------
+
+    def _container_status(self, pod: dict[str, Any], rt: PodRuntime, **state: Any) -> dict[str, Any]:
+        container = pod["spec"]["containers"][0]
+        image = container.get("image", "")
+        pulled = bool(rt.container_id)
+        return {
+            "name": container["name"],
+            "image": image,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}" if pulled else "",
+            **state,
+        }
+
+    def _set_container(
+        self,
+        rt: PodRuntime,
+        *,
+        waiting: dict[str, Any] | None = None,
+        terminated: dict[str, Any] | None = None,
+        running: bool = False,
+    ) -> None:
+        now = self.cluster.now()
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod.setdefault("status", {})
+            previous = (status.get("containerStatuses") or [{}])[0]
+            last_state = previous.get("lastState") or {}
+            restarts = previous.get("restartCount", 0)
+            if waiting is not None:
+                state: dict[str, Any] = {"waiting": waiting}
+                if previous.get("state", {}).get("terminated"):
+                    last_state = {"terminated": previous["state"]["terminated"]}
+            else:
+                term = {
+                    "startedAt": rt.started_at or None,
+                    "finishedAt": now,
+                    "containerID": rt.container_id or None,
+                    **(terminated or {}),
+                }
+                state = {"terminated": term}
+            cs = self._container_status(
+                pod,
+                rt,
+                ready=False,
+                started=False,
+                restartCount=restarts,
+                state=state,
+                lastState=last_state,
+            )
+            if rt.container_id:
+                cs["containerID"] = rt.container_id
+            status["containerStatuses"] = [cs]
+            _conditions(pod, now, ready=False, reason="ContainersNotReady", containers=[cs["name"]])
+
+        self.cluster.store.modify("pods", rt.namespace, rt.name, mutate)
+
+    def _set_running(self, rt: PodRuntime) -> None:
+        now = self.cluster.now()
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod.setdefault("status", {})
+            previous = (status.get("containerStatuses") or [{}])[0]
+            restarts = previous.get("restartCount", 0)
+            last_state = previous.get("lastState") or {}
+            prev_state = previous.get("state") or {}
+            if prev_state.get("terminated"):
+                last_state = {"terminated": prev_state["terminated"]}
+            if rt.exits:
+                restarts = rt.exits
+            cs = self._container_status(
+                pod,
+                rt,
+                ready=True,
+                started=True,
+                restartCount=restarts,
+                state={"running": {"startedAt": rt.started_at}},
+                lastState=last_state,
+                containerID=rt.container_id,
+            )
+            status["containerStatuses"] = [cs]
+            status["phase"] = "Running"
+            status.setdefault("startTime", now)
+            _set_ips(pod, rt.ip, self.host_ip)
+            _conditions(pod, now, ready=True)
+
+        self.cluster.store.modify("pods", rt.namespace, rt.name, mutate)
+
+    def _set_phase_done(self, rt: PodRuntime, code: int) -> None:
+        now = self.cluster.now()
+
+        def mutate(pod: dict[str, Any]) -> None:
+            status = pod["status"]
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+            _conditions(pod, now, ready=False, reason="PodCompleted" if code == 0 else "PodFailed")
+
+        self.cluster.store.modify("pods", rt.namespace, rt.name, mutate)
+
+    # -- /etc/hosts: the emulator's cluster DNS ---------------------------------------------
+
+    def _peers(self, namespace: str, subdomain: str) -> list[PodRuntime]:
+        """Running pods published by the headless Service ``subdomain`` (name match, selector
+        match, clusterIP None), in start order."""
+        if not subdomain:
+            return []
+        service = self.cluster.store.get("services", namespace, subdomain)
+        if service is None or (service.get("spec") or {}).get("clusterIP") != "None":
+            return []
+        selector = (service.get("spec") or {}).get("selector") or {}
+        if not selector:
+            return []
+        out = []
+        for rt in self.runtimes.values():
+            if rt.namespace != namespace or rt.subdomain != subdomain or rt.node is None or rt.ip is None:
+                continue
+            pod = self._pod(rt)
+            labels = (pod or {}).get("metadata", {}).get("labels") or {}
+            if all(labels.get(k) == v for k, v in selector.items()):
+                out.append(rt)
+        out.sort(key=lambda r: int(r.ip.rsplit(".", 1)[1]) if r.ip else 0)
+        return out
+
+    def _hosts_for(self, rt: PodRuntime) -> str:
+        lines = [
+            "# Kubernetes-managed hosts file (kube emulator).",
+            "127.0.0.1\tlocalhost",
+            "::1\tlocalhost ip6-localhost ip6-loopback",
+        ]
+        mapped = []
+
+        def names(r: PodRuntime) -> str:
+            if r.subdomain:
+                fqdn = f"{r.hostname}.{r.subdomain}.{r.namespace}.svc.cluster.local"
+                return f"{fqdn}\t{r.hostname}.{r.subdomain}\t{r.hostname}"
+            return r.hostname
+
+        if rt.ip:
+            lines.append(f"{rt.ip}\t{names(rt)}")
+            mapped.append(f"::ffff:{rt.ip}\t{names(rt)}")
+        for peer in self._peers(rt.namespace, rt.subdomain):
+            if peer is not rt:
+                lines.append(f"{peer.ip}\t{names(peer)}")
+                mapped.append(f"::ffff:{peer.ip}\t{names(peer)}")
+        return "\n".join(lines + mapped) + "\n"
+
+    def refresh_hosts(self, namespace: str | None = None) -> None:
+        """Rewrite the hosts files in place: the node's bind mount shows the new content only
+        if the inode stays the same."""
+        for rt in list(self.runtimes.values()):
+            if namespace is not None and rt.namespace != namespace:
+                continue
+            path = rt.root / "etc" / "hosts"
+            if not path.exists():
+                continue
+            content = self._hosts_for(rt).encode()
+            try:
+                with open(path, "r+b") as fh:
+                    if fh.read() == content:
+                        continue
+                    fh.seek(0)
+                    fh.write(content)
+                    fh.truncate()
+            except OSError as exc:
+                log.warning("could not rewrite %s: %s", path, exc)
+
+    # -- exec, port-forward, logs -----------------------------------------------------------
+
+    def running(self, namespace: str, name: str) -> PodRuntime | None:
+        rt = self.runtimes.get((namespace, name))
+        if rt is None or rt.node is None or rt.deleting:
+            return None
+        return rt
+
+    async def spawn_exec(
+        self, rt: PodRuntime, command: list[str], *, stdin: bool, tty: bool
+    ) -> tuple[asyncio.subprocess.Process, int | None]:
+        """Start ``command`` in the pod's namespaces with the container's environment.
+
+        Returns the process and, with ``tty``, the pty master's fd (stdout and stderr both go
+        there, as with a real terminal).  A session of its own, so a client that goes away
+        mid-command can have the whole command stopped (the pod's PID namespace would stop it
+        too, with the pod).
+        """
+        assert rt.node is not None
+        argv = [
+            self.nsenter,
+            f"--target={rt.node.init_pid}",
+            "--net",
+            "--uts",
+            "--mount",
+            "--pid",
+            f"--wd={rt.workdir}",
+            "--",
+        ]
+        if tty:
+            import pty
+
+            master, slave = pty.openpty()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    self.setsid,
+                    "-c",
+                    *command,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    env=rt.env,
+                    start_new_session=True,
+                )
+            except BaseException:
+                os.close(master)
+                raise
+            finally:
+                os.close(slave)
+            os.set_blocking(master, False)
+            return proc, master
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            *command,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=rt.env,
+            start_new_session=True,
+        )
+        return proc, None
+
+    def command_missing(self, rt: PodRuntime, command: list[str]) -> bool:
+        """Whether ``command[0]`` cannot be found (the runtime refuses to exec it at all)."""
+        exe = command[0]
+        if "/" in exe:
+            return not exe.startswith("/run/") and not os.path.exists(exe)
+        return shutil.which(exe, path=rt.env.get("PATH", DEFAULT_PATH)) is None
+
+    async def connect(self, rt: PodRuntime, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Dial ``localhost:port`` inside the pod, IPv4 then IPv6, as the kubelet's port-forward does."""
+        assert rt.node is not None
+        loop = asyncio.get_running_loop()
+        errors = []
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            try:
+                sock = await loop.run_in_executor(self.netns_pool, socket_in_netns, rt.node.init_pid, family)
+            except OSError as exc:
+                errors.append(f"{address}: {exc.strerror or exc}")
+                continue
+            try:
+                await loop.sock_connect(sock, (address, port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return await asyncio.open_connection(sock=sock)
+            except OSError as exc:
+                sock.close()
+                label = "IPv4: dial tcp4 127.0.0.1" if family == socket.AF_INET else "IPv6 dial tcp6 [::1]"
+                errors.append(f"{label}:{port}: connect: {os.strerror(exc.errno or errno.ECONNREFUSED).lower()}")
+        raise ConnectionError(
+            f"failed to connect to localhost:{port} inside namespace of pod {rt.name}, " + " ".join(errors)
+        )
+
+    def pod_root(self, namespace: str, name: str, uid: str) -> Path:
+        """A pod's directory (its node root: etc/, home/, volumes/, node.log); the uid keeps
+        a re-created pod of the same name away from its predecessor's files."""
+        return self.instance_dir / "pods" / namespace / f"{name}-{uid[:8]}"
+
+    def discard_files(self, namespace: str, name: str, uid: str) -> None:
+        """A deleted pod that was not running any more: remove its directory in the background."""
+        root = self.pod_root(namespace, name, uid)
+        if root.exists():
+            asyncio.get_running_loop().run_in_executor(self.pool, lambda: shutil.rmtree(root, ignore_errors=True))
+
+    def log_file(self, namespace: str, name: str, uid: str, previous: bool) -> Path:
+        root = self.pod_root(namespace, name, uid)
+        return root / ("node.log.previous" if previous else "node.log")
+
+
+def _set_ips(pod: dict[str, Any], ip: str | None, host_ip: str) -> None:
+    status = pod.setdefault("status", {})
+    if ip:
+        status["podIP"] = ip
+        status["podIPs"] = [{"ip": ip}]
+    status["hostIP"] = host_ip
+    status["hostIPs"] = [{"ip": host_ip}]
+
+
+def _conditions(
+    pod: dict[str, Any],
+    now: str,
+    *,
+    ready: bool,
+    reason: str | None = None,
+    containers: list[str] | None = None,
+) -> None:
+    """Set the kubelet's pod conditions, keeping lastTransitionTime when a status is unchanged."""
+    status = pod.setdefault("status", {})
+    existing = {c["type"]: c for c in status.get("conditions") or []}
+    ready_s = "True" if ready else "False"
+    wanted: dict[str, tuple[str, str | None, str | None]] = {
+        "PodReadyToStartContainers": ("True", None, None),
+        "Initialized": ("True", None, None),
+        "Ready": (ready_s, reason, None),
+        "ContainersReady": (ready_s, reason, None),
+        "PodScheduled": ("True", None, None),
+    }
+    if not ready and reason == "ContainersNotReady" and containers:
+        msg = f"containers with unready status: [{' '.join(containers)}]"
+        wanted["Ready"] = (ready_s, reason, msg)
+        wanted["ContainersReady"] = (ready_s, reason, msg)
+    out = []
+    for type_, (value, why, message) in wanted.items():
+        old = existing.get(type_)
+        cond: dict[str, Any] = {"type": type_, "status": value, "lastProbeTime": None}
+        cond["lastTransitionTime"] = old["lastTransitionTime"] if old and old.get("status") == value else now
+        if why:
+            cond["reason"] = why
+        if message:
+            cond["message"] = message
+        out.append(cond)
+    status["conditions"] = out
+
+
+def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = netns.is_alive) -> list[str]:
+    """Remove what emulators that died without tearing down (SIGKILL) left in ``state_dir``:
+    their pods' processes and links, their bridge, their instance directories."""
+    reaped = []
+    if not state_dir.is_dir():
+        return reaped
+    ip = shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin") or "ip"
+    for record_path in state_dir.glob(f"*/{RECORD}"):
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if is_alive(int(record.get("pid", 0)), record.get("start_time")):
+            continue
+        nodes = list((record.get("nodes") or {}).values())
+        netns.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
+        pids = []
+        for node in nodes:
+            if netns.is_alive(node["pid"], node.get("start_time")):
+                init = node.get("init_pid") or 0
+                if init and _parent_of(init) == node["pid"]:
+                    pids.append(init)
+                pids.append(node["pid"])
+        netns.kill_and_wait(pids)
+        if record.get("bridge"):
+            netns.delete_links(ip, [record["bridge"]])
+        shutil.rmtree(record_path.parent, ignore_errors=True)
+        reaped.append(str(record_path.parent))
+    return reaped
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])

@@ -1,0 +1,667 @@
+"""The HTTP face of the emulator: Kubernetes REST paths, auth, watches, logs, admin.
+
+One catch-all aiohttp handler parses ``/api/v1/...`` the way the API server's request-info
+resolver does (namespace, resource, name, subresource -> verb), authenticates the bearer
+token, authorizes the verb, and dispatches to :class:`~tests.kube_emulator.cluster.Cluster`.
+Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
+them into its one-line messages.
+
+Tokens (all in the generated kubeconfig, one context each): the admin token (random) may do
+anything; ``readonly`` may get/list/watch only (403 on everything else); ``nobody`` is
+authenticated but may do nothing beyond discovery; any other token gets 401.
+
+:class:`EmulatorServer` is the async core (used by ``python -m tests.kube_emulator``);
+:class:`Emulator` runs it on a background thread for in-process use::
+
+    with Emulator(nodes=3) as emu:
+        kubernetes.config.load_kube_config(config_file=str(emu.kubeconfig_path))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from aiohttp import web
+
+from tests.kube_emulator.cluster import (
+    KUBERNETES_VERSION,
+    RESOURCES,
+    ApiError,
+    Cluster,
+    ClusterConfig,
+    field_allowed,
+)
+from tests.kube_emulator.faults import Faults
+from tests.kube_emulator.kubelet import reap_leftovers
+from tests.kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
+from tests.kube_emulator.store import Expired, Watcher
+from tests.kube_emulator.streams import handle_exec, handle_portforward
+
+log = logging.getLogger(__name__)
+
+READONLY_TOKEN = "readonly"
+NOBODY_TOKEN = "nobody"
+BAD_TOKEN = "invalid-token"
+CONTEXT = "kube-emulator"
+T = TypeVar("T")
+
+
+def default_state_dir() -> Path:
+    """Beside the project's own state (``PYTEST_SKY_HOME``), so its leak checks cover it."""
+    home = os.environ.get("PYTEST_SKY_HOME") or str(Path.home() / ".pytest_sky")
+    return Path(home) / "kube-emulator"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(), status=status, content_type="application/json"
+    )
+
+
+def _bool(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _strip_list_item(obj: dict[str, Any]) -> dict[str, Any]:
+    """List items carry no kind/apiVersion on a real server."""
+    return {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+
+
+class EmulatorServer:
+    """The emulated API server, its cluster and its kubeconfig."""
+
+    def __init__(
+        self,
+        config: ClusterConfig | None = None,
+        *,
+        faults: Faults | None = None,
+        state_dir: Path | None = None,
+        kubeconfig_path: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.config = config or ClusterConfig()
+        self.faults = faults or Faults()
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.instance_dir = self.state_dir / f"emu-{os.getpid()}-{secrets.token_hex(3)}"
+        self.kubeconfig_path = Path(kubeconfig_path) if kubeconfig_path else self.instance_dir / "kubeconfig"
+        self.host = host
+        self.port = port
+        self.token = secrets.token_hex(16)
+        self.cluster = Cluster(self.config, self.faults, self.instance_dir)
+        self.cluster.kubelet.kubeconfig = str(self.kubeconfig_path)
+        self._runner: web.AppRunner | None = None
+        self._wrote_kubeconfig = False
+        self.url = ""
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        reaped = await loop.run_in_executor(None, reap_leftovers, self.state_dir)
+        for path in reaped:
+            log.warning("reaped the leftovers of a dead emulator: %s", path)
+        await self.cluster.start()
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        self.port = sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+        self._write_kubeconfig()
+
+    async def stop(self) -> None:
+        """Tear everything down: the HTTP side first (no new pods), then every pod and the bridge."""
+        if self._runner is not None:
+            self.cluster.store.close_watches()
+            for session in list(self.cluster.portforwards):
+                session.drop()
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()
+            self._runner = None
+        await self.cluster.shutdown()
+        if self._wrote_kubeconfig:
+            with contextlib.suppress(OSError):
+                if self.token in self.kubeconfig_path.read_text():
+                    self.kubeconfig_path.unlink()
+
+    def kubeconfig(self) -> dict[str, Any]:
+        users = {
+            "emulator-admin": self.token,
+            "emulator-readonly": READONLY_TOKEN,
+            "emulator-nobody": NOBODY_TOKEN,
+            "emulator-badtoken": BAD_TOKEN,
+        }
+        contexts = {
+            CONTEXT: "emulator-admin",
+            f"{CONTEXT}-readonly": "emulator-readonly",
+            f"{CONTEXT}-nobody": "emulator-nobody",
+            f"{CONTEXT}-badtoken": "emulator-badtoken",
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
+            "users": [{"name": n, "user": {"token": t}} for n, t in users.items()],
+            "contexts": [
+                {"name": c, "context": {"cluster": CONTEXT, "user": u, "namespace": "default"}}
+                for c, u in contexts.items()
+            ],
+            "current-context": CONTEXT,
+            "preferences": {},
+        }
+
+    def _write_kubeconfig(self) -> None:
+        """Written only once the server answers, by rename: its appearance means ready."""
+        path = self.kubeconfig_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(self.kubeconfig(), fh, sort_keys=False)
+        os.replace(tmp, path)
+        self._wrote_kubeconfig = True
+
+    def update_faults(self, data: dict[str, Any]) -> dict[str, Any]:
+        drop = self.faults.update(data)
+        if drop:
+            for session in list(self.cluster.portforwards):
+                session.drop()
+        self.cluster.trigger_scheduler()
+        return self.faults.as_dict()
+
+    def pods_info(self) -> dict[str, Any]:
+        """Where each running pod lives on this machine (the admin endpoint and tests use it)."""
+        out = {}
+        for (ns, name), rt in self.cluster.kubelet.runtimes.items():
+            out[f"{ns}/{name}"] = {
+                "root": str(rt.root),
+                "home": str(rt.root / "home"),
+                "log": str(rt.log_path),
+                "ip": rt.ip,
+                "node": rt.node_name,
+                "pid": rt.node.pid if rt.node else None,
+                "init_pid": rt.node.init_pid if rt.node else None,
+                "veth": rt.node.veth if rt.node else None,
+            }
+        return out
+
+    def info(self) -> dict[str, Any]:
+        kubelet = self.cluster.kubelet
+        return {
+            "url": self.url,
+            "bridge": kubelet.bridge,
+            "subnet": kubelet.subnet,
+            "state_dir": str(self.state_dir),
+            "instance_dir": str(self.instance_dir),
+            "kubeconfig": str(self.kubeconfig_path),
+            "faults": self.faults.as_dict(),
+        }
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        try:
+            if path == "/version":
+                return _json(_version())
+            if path in ("/healthz", "/livez", "/readyz"):
+                return web.Response(text="ok")
+            user = self._authenticate(request)
+            if path == "/api":
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
+                        ],
+                    }
+                )
+            if path == "/apis":
+                return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            if path == "/api/v1":
+                return _json(_resource_list())
+            if path.startswith("/emulator/"):
+                return await self._admin(request, user, path)
+            if path.startswith("/api/v1/"):
+                return await self._resource(request, user, path[len("/api/v1/") :].split("/"))
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        except ApiError as exc:
+            return _json(exc.status(), exc.code)
+        except SelectorError as exc:
+            return _json(ApiError(400, "BadRequest", str(exc)).status(), 400)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:
+            log.exception("kube emulator: %s %s failed", request.method, request.path)
+            return _json(ApiError(500, "InternalError", f"kube emulator bug: {exc!r}").status(), 500)
+
+    def _authenticate(self, request: web.Request) -> str:
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        if token == self.token:
+            return "admin"
+        if token == READONLY_TOKEN:
+            return "system:serviceaccount:default:readonly"
+        if token == NOBODY_TOKEN:
+            return "system:serviceaccount:default:nobody"
+        raise ApiError(401, "Unauthorized", "Unauthorized")
+
+    @staticmethod
+    def _authorize(user: str, verb: str, resource: str, namespace: str | None, name: str | None) -> None:
+        if user == "admin":
+            return
+        if user.endswith(":readonly") and verb in ("get", "list", "watch") and "/" not in resource.replace("/log", ""):
+            return
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        base = resource.split("/")[0]
+        subject = f'{base} "{name}"' if name else base
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "" {scope}',
+            {"name": name, "kind": base} if name else {"kind": base},
+        )
+
+    async def _admin(self, request: web.Request, user: str, path: str) -> web.StreamResponse:
+        if user != "admin":
+            raise ApiError(403, "Forbidden", "the emulator's admin endpoints need the admin token")
+        if path == "/emulator/faults":
+            if request.method == "GET":
+                return _json(self.faults.as_dict())
+            if request.method == "POST":
+                try:
+                    data = await request.json()
+                    if not isinstance(data, dict):
+                        raise ValueError("the body must be a JSON object")
+                    return _json(self.update_faults(data))
+                except ValueError as exc:
+                    raise ApiError(400, "BadRequest", str(exc)) from None
+        if path == "/emulator/pods" and request.method == "GET":
+            return _json(self.pods_info())
+        if path == "/emulator/info" and request.method == "GET":
+            return _json(self.info())
+        raise ApiError(404, "NotFound", f"no admin endpoint {request.method} {path}")
+
+    async def _body(self, request: web.Request) -> Any:
+        if not request.can_read_body:
+            return None
+        raw = await request.read()
+        if not raw.strip():
+            return None
+        try:
+            if "yaml" in (request.content_type or ""):
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ApiError(400, "BadRequest", f"the body of the request could not be decoded: {exc}") from None
+
+    async def _resource(self, request: web.Request, user: str, parts: list[str]) -> web.StreamResponse:
+        cluster = self.cluster
+        if len(parts) >= 3 and parts[0] == "namespaces":
+            namespace: str | None = parts[1]
+            resource, rest = parts[2], parts[3:]
+        elif parts[0] == "namespaces":
+            namespace, resource, rest = None, "namespaces", parts[1:]
+        else:
+            namespace, resource, rest = None, parts[0], parts[1:]
+        if resource not in RESOURCES or len(rest) > 2 or any(not p for p in rest):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        info = RESOURCES[resource]
+        if not info.namespaced and namespace is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = rest[0] if rest else None
+        sub = rest[1] if len(rest) > 1 else None
+        if sub is not None and not (resource == "pods" and sub in ("exec", "portforward", "log", "status")):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        method = request.method
+        query = request.query
+        if name is None:
+            verb = {
+                "GET": "watch" if _bool(query.get("watch")) else "list",
+                "POST": "create",
+                "DELETE": "deletecollection",
+            }.get(method)
+        elif sub in ("exec", "portforward"):
+            verb = "create" if method in ("GET", "POST") else None
+        else:
+            verb = {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
+        if verb is None or (verb not in info.verbs and sub is None):
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        if info.namespaced and namespace is None and verb not in ("list", "watch"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        self._authorize(user, verb, f"{resource}/{sub}" if sub else resource, namespace, name)
+        ns = namespace or ""
+
+        if verb in ("list", "watch", "deletecollection"):
+            labels = parse_label_selector(query.get("labelSelector"))
+            fields = parse_field_selector(query.get("fieldSelector"), field_allowed(resource))
+            if verb == "watch":
+                return await self._watch(request, resource, namespace, labels, fields)
+            if verb == "deletecollection":
+                return _json(cluster.delete_collection(resource, namespace, labels, fields, await self._body(request)))
+            items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
+            return _json(_paginate(f"{info.kind}List", items, cluster.store.rv, query))
+        if verb == "create" and name is None:
+            return _json(cluster.create(resource, ns, await self._body(request)), 201)
+        assert name is not None
+        if sub == "exec":
+            return await handle_exec(request, cluster, ns, name)
+        if sub == "portforward":
+            return await handle_portforward(request, cluster, ns, name)
+        if sub == "log":
+            return await self._log(request, ns, name)
+        if verb == "get":
+            return _json(cluster.get(resource, ns, name))
+        if verb == "delete":
+            return _json(cluster.delete(resource, ns, name, await self._body(request) or {}))
+        if verb == "update":
+            return _json(cluster.replace(resource, ns, name, await self._body(request)))
+        if verb == "patch":
+            return _json(cluster.patch(resource, ns, name, await self._body(request), request.content_type or ""))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    async def _watch(
+        self, request: web.Request, resource: str, namespace: str | None, labels: Any, fields: Any
+    ) -> web.StreamResponse:
+        store = self.cluster.store
+        watcher = Watcher(resource, namespace, labels, fields)
+        timeout_s = request.query.get("timeoutSeconds")
+        try:
+            initial = store.watch(watcher, request.query.get("resourceVersion"))
+        except Expired as exc:
+            initial = None
+            expired = str(exc)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", str(exc)) from None
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            if initial is None:
+                status = ApiError(410, "Expired", expired).status()
+                await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                return response
+            for type_, obj in initial:
+                await response.write(json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + float(timeout_s) if timeout_s else None
+            while True:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+                if item is None:
+                    break
+                type_, obj = item
+                await response.write(json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n")
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+        except ConnectionError:
+            pass
+        finally:
+            store.unwatch(watcher)
+        return response
+
+    async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        from tests.kube_emulator.streams import _container
+
+        cluster = self.cluster
+        pod = cluster.get("pods", namespace, name)
+        cname = _container(pod, request.query.get("container"))
+        previous = _bool(request.query.get("previous"))
+        uid = pod["metadata"]["uid"]
+        path = cluster.kubelet.log_file(namespace, name, uid, previous)
+        if not path.exists():
+            if previous:
+                raise ApiError(400, "BadRequest", f'previous terminated container "{cname}" in pod "{name}" not found')
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            reason = ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason") or "ContainerCreating"
+            raise ApiError(400, "BadRequest", f'container "{cname}" in pod "{name}" is waiting to start: {reason}')
+        data = path.read_bytes()
+        tail = request.query.get("tailLines")
+        if tail is not None:
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-int(tail) :]) if int(tail) > 0 else b""
+        limit = request.query.get("limitBytes")
+        if limit is not None:
+            data = data[: int(limit)]
+        if not _bool(request.query.get("follow")) or previous:
+            return web.Response(body=data, content_type="text/plain")
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        offset = path.stat().st_size
+        inode = path.stat().st_ino
+        try:
+            if data:
+                await response.write(data)
+            while True:
+                rt = cluster.kubelet.runtimes.get((namespace, name))
+                alive = rt is not None and rt.uid == uid and rt.node is not None
+                try:
+                    st = path.stat()
+                except OSError:
+                    break
+                if st.st_ino != inode:
+                    break  # the container restarted: a real follow ends with the old container
+                if st.st_size > offset:
+                    with open(path, "rb") as fh:
+                        fh.seek(offset)
+                        chunk = fh.read(st.st_size - offset)
+                    offset += len(chunk)
+                    await response.write(chunk)
+                    continue
+                if not alive:
+                    break
+                await asyncio.sleep(0.1)
+            await response.write_eof()
+        except ConnectionError:
+            pass
+        return response
+
+
+def _paginate(kind: str, items: list[dict[str, Any]], rv: int, query: Any) -> dict[str, Any]:
+    """``limit``/``continue`` chunking; the token carries the offset (the list is re-read,
+    which a real server avoids with an etcd snapshot: good enough for tests)."""
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    start = 0
+    token = query.get("continue")
+    if token:
+        try:
+            state = json.loads(base64.urlsafe_b64decode(token.encode()))
+            start, meta["resourceVersion"] = int(state["start"]), str(state["rv"])
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(
+                400, "BadRequest", "continue key is not valid: incorrect encoded start resourceVersion"
+            ) from None
+    limit = int(query.get("limit") or 0)
+    end = start + limit if limit > 0 else len(items)
+    if end < len(items):
+        state = {"start": end, "rv": meta["resourceVersion"]}
+        meta["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+        meta["remainingItemCount"] = len(items) - end
+    return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items[start:end]}
+
+
+def _version() -> dict[str, str]:
+    major, minor = KUBERNETES_VERSION[1:].split(".")[:2]
+    return {
+        "major": major,
+        "minor": minor,
+        "gitVersion": f"{KUBERNETES_VERSION}+pytest-sky-emulator",
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2024-08-13T00:00:00Z",
+        "goVersion": "go1.22.5",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }
+
+
+def _resource_list() -> dict[str, Any]:
+    resources = []
+    for info in RESOURCES.values():
+        entry: dict[str, Any] = {
+            "name": info.name,
+            "singularName": info.kind.lower(),
+            "namespaced": info.namespaced,
+            "kind": info.kind,
+            "verbs": list(info.verbs),
+        }
+        if info.short_names:
+            entry["shortNames"] = list(info.short_names)
+        resources.append(entry)
+    for sub, verbs in (
+        ("exec", ["create", "get"]),
+        ("portforward", ["create", "get"]),
+        ("log", ["get"]),
+        ("status", ["get"]),
+    ):
+        kind = {"exec": "PodExecOptions", "portforward": "PodPortForwardOptions", "log": "Pod", "status": "Pod"}[sub]
+        resources.append({"name": f"pods/{sub}", "singularName": "", "namespaced": True, "kind": kind, "verbs": verbs})
+    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+
+
+class Emulator:
+    """The emulator in-process, on a background thread with its own event loop.
+
+    ``with Emulator(nodes=3, gpus_per_node=0) as emu: ...`` gives ``emu.kubeconfig_path``
+    (current context: admin), ``emu.url``, ``emu.token``; ``emu.set_faults(pending="x-*")``
+    changes faults; ``emu.pods_info()`` says where each pod lives on this machine.
+    Leaving the block tears down every pod, the bridge and the state it wrote.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        gpus_per_node: int = 0,
+        cpus_per_node: str = "16",
+        memory_per_node: str = "64Gi",
+        gpu_taint: bool = False,
+        mtu: int = 65535,
+        state_dir: Path | str | None = None,
+        kubeconfig_path: Path | str | None = None,
+        faults: dict[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        config = ClusterConfig(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            cpus_per_node=str(cpus_per_node),
+            memory_per_node=str(memory_per_node),
+            gpu_taint=gpu_taint,
+            mtu=mtu,
+        )
+        fault_state = Faults()
+        if faults:
+            fault_state.update(faults)
+        self.server = EmulatorServer(
+            config,
+            faults=fault_state,
+            state_dir=Path(state_dir) if state_dir else None,
+            kubeconfig_path=Path(kubeconfig_path) if kubeconfig_path else None,
+            host=host,
+            port=port,
+        )
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.server.kubeconfig_path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def token(self) -> str:
+        return self.server.token
+
+    @property
+    def instance_dir(self) -> Path:
+        return self.server.instance_dir
+
+    def start(self, timeout: float = 60.0) -> Emulator:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="kube-emulator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the kube emulator did not start within {timeout:.0f} s")
+        if self._error is not None:
+            self._thread.join(30)
+            raise self._error
+        return self
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            await self.server.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that called start()
+            self._error = exc
+            self._ready.set()
+            await self.server.stop()
+            return
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            try:
+                await self.server.stop()
+            except Exception:
+                log.exception("kube emulator: teardown failed")
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(60)
+            self._thread = None
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the emulator's loop thread (where all its state lives) and return its result."""
+        assert self._loop is not None
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def set_faults(self, **faults: Any) -> dict[str, Any]:
+        """Same keys as ``POST /emulator/faults`` (see :mod:`tests.kube_emulator.faults`)."""
+        return self.call(lambda: self.server.update_faults(faults))
+
+    def pods_info(self) -> dict[str, Any]:
+        return self.call(self.server.pods_info)

@@ -1,0 +1,596 @@
+"""The Kubernetes API emulator, driven only through the official client, as the backend drives it.
+
+Pods here run real processes in namespace nodes (root needed, like the local backend's
+tests); every test checks through the API what a backend would see, and that what the
+emulator started is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes = pytest.importorskip("kubernetes")
+pytest.importorskip("aiohttp")
+
+from kubernetes import client, config, watch  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+from kubernetes.stream import portforward, stream, ws_client  # noqa: E402
+
+from pytest_sky.backends import netns  # noqa: E402
+from pytest_sky.doctor import link_owners, node_processes  # noqa: E402
+from tests.kube_emulator import Emulator  # noqa: E402
+from tests.kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
+from tests.kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
+
+# A tiny TCP server on port 22 standing in for sshd: a banner, then it echoes upper-cased.
+ECHO_SERVER = """
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 22))
+s.listen(64)
+def serve(c):
+    c.sendall(b"SSH-2.0-echo\\r\\n")
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        c.sendall(d.upper())
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def leftovers(scope: str) -> list[str]:
+    """Links and node processes that belong to ``scope`` (a state directory)."""
+    left = [f"link {n}" for n, owner in link_owners().items() if scope in owner]
+    left += [f"process {pid}: {cmd}" for pid, cmd in node_processes() if scope in cmd]
+    return left
+
+
+def api(kubeconfig: Path, context: str | None = None) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig), context=context))
+
+
+def pod_manifest(
+    name: str,
+    labels: dict[str, str],
+    *,
+    command: list[str] | None = None,
+    anti_affinity: str | None = "preferred",
+    gpus: int = 0,
+    restart: str = "Never",
+    subdomain: str | None = None,
+    secret: str | None = None,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "ubuntu:22.04",
+        "command": command or ["sleep", "infinity"],
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+    }
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if subdomain:
+        spec["hostname"] = name
+        spec["subdomain"] = subdomain
+    if secret:
+        container["volumeMounts"] = [{"name": "keys", "mountPath": "/run/sky-keys", "readOnly": True}]
+        spec["volumes"] = [{"name": "keys", "secret": {"secretName": secret, "defaultMode": 0o600}}]
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
+    if anti_affinity == "preferred":
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+            }
+        }
+    elif anti_affinity == "required":
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+
+def wait_for(
+    v1: client.CoreV1Api,
+    selector: str,
+    done: Callable[[dict[str, Any]], bool],
+    count: int,
+    timeout: float = 20,
+) -> dict[str, Any]:
+    """Watch pods matching ``selector`` until ``count`` of them satisfy ``done`` (by raw object)."""
+    seen: dict[str, Any] = {}
+    w = watch.Watch()
+    deadline = time.monotonic() + timeout
+    for event in w.stream(v1.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(timeout)):
+        obj = event["raw_object"]
+        seen[obj["metadata"]["name"]] = obj
+        if event["type"] == "DELETED":
+            seen.pop(obj["metadata"]["name"])
+        if sum(1 for o in seen.values() if done(o)) >= count or time.monotonic() > deadline:
+            w.stop()
+            break
+    assert sum(1 for o in seen.values() if done(o)) >= count, json.dumps(
+        {n: o.get("status") for n, o in seen.items()}, indent=1
+    )
+    return seen
+
+
+def running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def waiting_reason(pod: dict[str, Any]) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason", "")
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def run(v1: client.CoreV1Api, pod: str, command: list[str]) -> tuple[int, str]:
+    resp = stream(
+        v1.connect_get_namespaced_pod_exec,
+        pod,
+        "default",
+        command=command,
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+        _preload_content=False,
+    )
+    resp.run_forever(timeout=20)
+    code = resp.returncode  # first: read_all() empties every channel, the error channel too
+    return code, resp.read_all()
+
+
+def events(v1: client.CoreV1Api, pod: str) -> list[tuple[str, str]]:
+    items = v1.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}").items
+    return [(e.reason, e.message) for e in items]
+
+
+def delete_and_wait(v1: client.CoreV1Api, selector: str, timeout: float = 20) -> None:
+    v1.delete_collection_namespaced_pod("default", label_selector=selector)
+    deadline = time.monotonic() + timeout
+    while v1.list_namespaced_pod("default", label_selector=selector).items:
+        assert time.monotonic() < deadline, "pods were not deleted"
+        time.sleep(0.05)
+
+
+def forward(v1: client.CoreV1Api, pod: str, port: int = 22) -> socket.socket:
+    pf = portforward(v1.connect_get_namespaced_pod_portforward, pod, "default", ports=str(port))
+    sock = pf.socket(port)
+    sock.settimeout(10)
+    return sock
+
+
+def banner(v1: client.CoreV1Api, pod: str) -> socket.socket:
+    """A port-forward to the pod's port 22 that has seen the banner (the server may still be starting)."""
+    deadline = time.monotonic() + 10
+    while True:
+        sock = forward(v1, pod)
+        data = sock.recv(100)
+        if data.startswith(b"SSH-2.0-echo"):
+            return sock
+        sock.close()
+        assert time.monotonic() < deadline, "no banner through the port-forward"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kube-emulator")
+
+
+@pytest.fixture(scope="module")
+def emu(state_dir: Path) -> Iterator[Emulator]:
+    with Emulator(nodes=3, gpus_per_node=1, state_dir=state_dir) as emulator:
+        yield emulator
+    assert leftovers(str(state_dir)) == []
+    assert not any(state_dir.iterdir())
+
+
+@pytest.fixture(scope="module")
+def v1(emu: Emulator) -> client.CoreV1Api:
+    return api(emu.kubeconfig_path)
+
+
+@needs_root
+def test_pods_with_secret_service_exec_portforward_and_delete(emu: Emulator, v1: client.CoreV1Api) -> None:
+    labels = {"app": "pair"}
+    v1.create_namespaced_secret(
+        "default", {"metadata": {"name": "pair-keys", "labels": labels}, "stringData": {"id_key": "secret-bytes"}}
+    )
+    v1.create_namespaced_service(
+        "default",
+        {"metadata": {"name": "pair", "labels": labels}, "spec": {"clusterIP": "None", "selector": labels}},
+    )
+    command = ["python3", "-c", ECHO_SERVER]
+    for name in ("pair-head", "pair-worker1"):
+        v1.create_namespaced_pod(
+            "default", pod_manifest(name, labels, command=command, subdomain="pair", secret="pair-keys")
+        )
+    pods = wait_for(v1, "app=pair", running, 2)
+    nodes = {p["spec"]["nodeName"] for p in pods.values()}
+    assert len(nodes) == 2, "preferred anti-affinity spreads pods over 3 emulated nodes"
+    head = v1.read_namespaced_pod("pair-head", "default")
+    assert head.status.pod_ip.startswith("198.1")
+    assert head.status.container_statuses[0].ready and head.status.container_statuses[0].state.running
+    assert {c.type for c in head.status.conditions if c.status == "True"} >= {"PodScheduled", "Ready"}
+
+    assert run(v1, "pair-head", ["hostname"]) == (0, "pair-head\n")
+    assert run(v1, "pair-head", ["cat", "/run/sky-keys/id_key"]) == (0, "secret-bytes")
+    rc, out = run(v1, "pair-head", ["stat", "-c", "%a", "/run/sky-keys/id_key"])
+    assert (rc, out.strip()) == (0, "600")
+    assert run(v1, "pair-head", ["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\nerr\n")
+    worker_ip = v1.read_namespaced_pod("pair-worker1", "default").status.pod_ip
+    for alias in ("pair-worker1.pair", "pair-worker1.pair.default.svc.cluster.local", "pair-worker1"):
+        rc, out = run(v1, "pair-head", ["getent", "ahostsv4", alias])
+        assert rc == 0 and out.split()[0] == worker_ip, (alias, out)
+    rc, out = run(v1, "pair-head", ["sh", "-c", 'echo "$HOME"; ls -d ~'])
+    assert rc == 0 and out.split()[0] == out.split()[1] and out.split()[0].endswith("/home")
+
+    sock = banner(v1, "pair-worker1")
+    sock.sendall(b"hello through the api server")
+    assert sock.recv(100) == b"HELLO THROUGH THE API SERVER"
+    sock.close()
+
+    assert "Started container main" in [m for _, m in events(v1, "pair-head")]
+    assert [r for r, _ in events(v1, "pair-head")][:1] == ["Scheduled"]
+    assert v1.read_namespaced_pod_log("pair-head", "default") == ""
+    info = emu.pods_info()
+    veths = [info[f"default/{n}"]["veth"] for n in ("pair-head", "pair-worker1")]
+    pids = [info[f"default/{n}"]["pid"] for n in ("pair-head", "pair-worker1")]
+
+    delete_and_wait(v1, "app=pair")
+    assert not any(netns.link_exists(v) for v in veths)
+    assert not any(netns.is_alive(p) for p in pids)
+    assert emu.pods_info() == {}
+    v1.delete_collection_namespaced_service("default", label_selector="app=pair")
+    v1.delete_collection_namespaced_secret("default", label_selector="app=pair")
+    assert v1.list_namespaced_secret("default", label_selector="app=pair").items == []
+    assert v1.list_namespaced_service("default", label_selector="app=pair").items == []
+
+
+@needs_root
+def test_exec_over_the_v4_protocol_with_stdin(emu: Emulator, v1: client.CoreV1Api) -> None:
+    v1.create_namespaced_pod("default", pod_manifest("v4-exec", {"app": "v4"}))
+    wait_for(v1, "app=v4", running, 1)
+    query = "command=sh&command=-c&command=head+-c+5%3B+exit+7&stdin=true&stdout=true&stderr=true"
+    url = f"{emu.url.replace('http', 'ws')}/api/v1/namespaces/default/pods/v4-exec/exec?{query}"
+    ws = ws_client.WSClient(
+        v1.api_client.configuration,
+        url,
+        {"authorization": f"Bearer {emu.token}", "sec-websocket-protocol": "v4.channel.k8s.io"},
+        capture_all=True,
+    )
+    assert ws.subprotocol == "v4.channel.k8s.io"
+    ws.write_stdin("abcdefgh")
+    ws.run_forever(timeout=10)
+    assert ws.returncode == 7
+    assert ws.read_all() == "abcde"
+    # v5: the client can close stdin, so a command reading to EOF ends
+    resp = stream(
+        v1.connect_get_namespaced_pod_exec,
+        "v4-exec",
+        "default",
+        command=["wc", "-c"],
+        stdin=True,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+    )
+    assert resp.subprotocol == "v5.channel.k8s.io"
+    resp.write_stdin("12345678")
+    resp.close_channel(0)
+    resp.run_forever(timeout=10)
+    assert resp.returncode == 0 and resp.read_all().strip() == "8"
+    delete_and_wait(v1, "app=v4")
+
+
+@needs_root
+def test_required_anti_affinity_and_gpu_fit(v1: client.CoreV1Api) -> None:
+    for i in range(4):
+        v1.create_namespaced_pod("default", pod_manifest(f"spread-{i}", {"app": "spread"}, anti_affinity="required"))
+    pods = wait_for(v1, "app=spread", lambda p: running(p) or unschedulable(p), 4)
+    assert len({p["spec"]["nodeName"] for p in pods.values() if running(p)}) == 3
+    stuck = [n for n, p in pods.items() if unschedulable(p)]
+    assert len(stuck) == 1
+    assert ("FailedScheduling", "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.") in events(
+        v1, stuck[0]
+    )
+    delete_and_wait(v1, "app=spread")
+
+    v1.create_namespaced_pod("default", pod_manifest("gpu-ok", {"app": "gpu"}, gpus=1))
+    v1.create_namespaced_pod("default", pod_manifest("gpu-big", {"app": "gpu"}, gpus=2))
+    pods = wait_for(v1, "app=gpu", lambda p: running(p) or unschedulable(p), 2)
+    assert running(pods["gpu-ok"]) and unschedulable(pods["gpu-big"])
+    assert pods["gpu-big"]["status"]["phase"] == "Pending" and not pods["gpu-big"]["spec"].get("nodeName")
+    assert ("FailedScheduling", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.") in events(v1, "gpu-big")
+    node = v1.read_node(pods["gpu-ok"]["spec"]["nodeName"])
+    assert node.status.capacity["nvidia.com/gpu"] == "1"
+    assert node.metadata.labels["kubernetes.io/hostname"] == node.metadata.name
+    delete_and_wait(v1, "app=gpu")
+
+
+@needs_root
+def test_soft_anti_affinity_shares_a_single_node(tmp_path: Path) -> None:
+    with Emulator(nodes=1, state_dir=tmp_path) as one:
+        v1 = api(one.kubeconfig_path)
+        for name in ("solo-head", "solo-worker1"):
+            v1.create_namespaced_pod("default", pod_manifest(name, {"app": "solo"}))
+        pods = wait_for(v1, "app=solo", running, 2)
+        assert {p["spec"]["nodeName"] for p in pods.values()} == {"emu-node-0"}
+    assert leftovers(str(tmp_path)) == []
+
+
+@needs_root
+def test_injected_faults(emu: Emulator, v1: client.CoreV1Api) -> None:
+    emu.set_faults(pending="f-pending", image_pull="f-pull", crash=["f-crash*"])
+    v1.create_namespaced_pod("default", pod_manifest("f-pending", {"app": "faults"}))
+    v1.create_namespaced_pod("default", pod_manifest("f-pull", {"app": "faults"}))
+    v1.create_namespaced_pod("default", pod_manifest("f-crash", {"app": "faults"}))
+    v1.create_namespaced_pod("default", pod_manifest("f-crashloop", {"app": "faults"}, restart="Always"))
+    pods = wait_for(
+        v1,
+        "app=faults",
+        lambda p: (
+            unschedulable(p)
+            or waiting_reason(p) in ("ImagePullBackOff", "CrashLoopBackOff")
+            or p["status"].get("phase") == "Failed"
+        ),
+        4,
+    )
+    assert unschedulable(pods["f-pending"])
+    assert "untolerated taint {emulator.pytest-sky/fault: pending}" in events(v1, "f-pending")[0][1]
+    assert waiting_reason(pods["f-pull"]) == "ImagePullBackOff" and pods["f-pull"]["status"]["phase"] == "Pending"
+    reasons = [r for r, _ in events(v1, "f-pull")]
+    assert "Failed" in reasons and "BackOff" in reasons
+    assert any("ErrImagePull" in m for _, m in events(v1, "f-pull"))
+    crash = v1.read_namespaced_pod("f-crash", "default")
+    assert crash.status.phase == "Failed"
+    assert crash.status.container_statuses[0].state.terminated.exit_code == 1
+    assert "injected crash" in v1.read_namespaced_pod_log("f-crash", "default")
+    loop = v1.read_namespaced_pod("f-crashloop", "default")
+    assert loop.status.container_statuses[0].state.waiting.reason == "CrashLoopBackOff"
+    assert loop.status.container_statuses[0].restart_count >= 1
+    assert loop.status.container_statuses[0].last_state.terminated.exit_code == 1
+
+    # clearing the fault lets the pending pod schedule
+    emu.set_faults(reset=True)
+    wait_for(v1, "app=faults", lambda p: p["metadata"]["name"] == "f-pending" and running(p), 1)
+    delete_and_wait(v1, "app=faults")
+
+
+@needs_root
+def test_portforward_drops(emu: Emulator, v1: client.CoreV1Api) -> None:
+    v1.create_namespaced_pod("default", pod_manifest("pf-drop", {"app": "pf"}, command=["python3", "-c", ECHO_SERVER]))
+    wait_for(v1, "app=pf", running, 1)
+    banner(v1, "pf-drop").close()
+    emu.set_faults(drop_portforward_after_bytes=20)
+    sock = forward(v1, "pf-drop")
+    received = sock.recv(100)
+    sock.sendall(b"0123456789")
+    while chunk := sock.recv(100):
+        received += chunk
+    assert received.startswith(b"SSH-2.0-echo") and len(received) < 14 + 10 + 1
+    emu.set_faults(drop_portforward_after_bytes=None)
+    sock = banner(v1, "pf-drop")
+    emu.set_faults(drop_portforwards=True)
+    assert sock.recv(100) == b""
+    delete_and_wait(v1, "app=pf")
+
+
+@needs_root
+def test_api_errors_and_permissions(emu: Emulator, v1: client.CoreV1Api) -> None:
+    with pytest.raises(ApiException) as err:
+        v1.read_namespace("nope")
+    assert err.value.status == 404
+    assert json.loads(err.value.body) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'namespaces "nope" not found',
+        "reason": "NotFound",
+        "details": {"name": "nope", "kind": "namespaces"},
+        "code": 404,
+    }
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod("nope", pod_manifest("x", {"app": "x"}))
+    assert err.value.status == 404 and json.loads(err.value.body)["reason"] == "NotFound"
+    v1.create_namespaced_secret("default", {"metadata": {"name": "dup"}, "data": {}})
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_secret("default", {"metadata": {"name": "dup"}, "data": {}})
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "AlreadyExists"
+    v1.delete_namespaced_secret("dup", "default")
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod("default", pod_manifest("Bad_Name", {"app": "x"}))
+    assert err.value.status == 422 and json.loads(err.value.body)["reason"] == "Invalid"
+    with pytest.raises(ApiException) as err:
+        api(emu.kubeconfig_path, "kube-emulator-badtoken").list_namespaced_pod("default")
+    assert err.value.status == 401
+    readonly = api(emu.kubeconfig_path, "kube-emulator-readonly")
+    assert readonly.read_namespace("default").metadata.name == "default"
+    with pytest.raises(ApiException) as err:
+        readonly.create_namespaced_secret("default", {"metadata": {"name": "ro"}})
+    assert err.value.status == 403 and "cannot create resource" in json.loads(err.value.body)["message"]
+    with pytest.raises(ApiException) as err:
+        api(emu.kubeconfig_path, "kube-emulator-nobody").read_namespace("default")
+    assert err.value.status == 403
+    page = v1.list_node(limit=2)
+    assert len(page.items) == 2 and page.metadata._continue
+    assert [n.metadata.name for n in v1.list_node(limit=2, _continue=page.metadata._continue).items] == ["emu-node-2"]
+    v1.create_namespace({"metadata": {"name": "scratch"}})
+    v1.create_namespaced_secret("scratch", {"metadata": {"name": "s"}, "stringData": {"a": "b"}})
+    assert v1.read_namespaced_secret("s", "scratch").data == {"a": "Yg=="}
+    v1.delete_namespace("scratch")
+    with pytest.raises(ApiException) as err:
+        v1.read_namespace("scratch")
+    assert err.value.status == 404
+
+
+@needs_root
+def test_watch_resumes_from_a_resource_version(v1: client.CoreV1Api) -> None:
+    listed = v1.list_namespaced_secret("default", label_selector="app=rv")
+    v1.create_namespaced_secret("default", {"metadata": {"name": "rv-1", "labels": {"app": "rv"}}})
+    v1.delete_namespaced_secret("rv-1", "default")
+    w = watch.Watch()
+    seen = []
+    for event in w.stream(
+        v1.list_namespaced_secret,
+        "default",
+        label_selector="app=rv",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=5,
+    ):
+        seen.append((event["type"], event["object"].metadata.name))
+        if len(seen) == 2:
+            w.stop()
+            break
+    assert seen == [("ADDED", "rv-1"), ("DELETED", "rv-1")]
+
+
+def _admin(url: str, token: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    req = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST" if body is not None else "GET",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _start_process(kubeconfig: Path, state: Path, *extra: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.kube_emulator",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--state-dir",
+            str(state),
+            *extra,
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while not kubeconfig.exists():
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the emulator wrote no kubeconfig"
+        time.sleep(0.05)
+    return proc
+
+
+@needs_root
+def test_process_sigterm_tears_everything_down(tmp_path: Path) -> None:
+    kubeconfig, state = tmp_path / "kubeconfig", tmp_path / "state"
+    proc = _start_process(kubeconfig, state, "--nodes", "2", "--fault-pending", "never-*")
+    try:
+        v1 = api(kubeconfig)
+        assert [n.metadata.name for n in v1.list_node().items] == ["emu-node-0", "emu-node-1"]
+        v1.create_namespaced_pod("default", pod_manifest("proc-0", {"app": "proc"}))
+        v1.create_namespaced_pod("default", pod_manifest("never-0", {"app": "proc"}))
+        wait_for(v1, "app=proc", lambda p: running(p) or unschedulable(p), 2)
+        kc = yaml.safe_load(kubeconfig.read_text())
+        token = next(u["user"]["token"] for u in kc["users"] if u["name"] == "emulator-admin")
+        url = kc["clusters"][0]["cluster"]["server"]
+        assert _admin(url, token, "/emulator/faults")["pending"] == ["never-*"]
+        assert _admin(url, token, "/emulator/faults", {"pending": None})["pending"] == []
+        wait_for(v1, "app=proc", running, 2)
+        assert leftovers(str(state))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert leftovers(str(state)) == []
+    assert not kubeconfig.exists()
+    assert list(state.iterdir()) == []
+
+
+@needs_root
+def test_sigkilled_emulator_is_reaped_by_the_next(tmp_path: Path) -> None:
+    kubeconfig, state = tmp_path / "kubeconfig", tmp_path / "state"
+    proc = _start_process(kubeconfig, state, "--nodes", "1")
+    try:
+        v1 = api(kubeconfig)
+        v1.create_namespaced_pod("default", pod_manifest("orphan", {"app": "orphan"}))
+        wait_for(v1, "app=orphan", running, 1)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    (dead,) = state.iterdir()
+    assert leftovers(str(dead)), "a SIGKILLed emulator leaves its pods behind"
+    with Emulator(nodes=1, state_dir=state):
+        assert leftovers(str(dead)) == []
+        assert not dead.exists()
+    assert leftovers(str(state)) == []
+    assert list(state.iterdir()) == []
+
+
+def test_selectors_and_quantities() -> None:
+    sel = parse_label_selector("app=sky,role in (head, worker),!gone,rank,tier!=db")
+    assert sel.matches({"app": "sky", "role": "head", "rank": "0"})
+    assert not sel.matches({"app": "sky", "role": "head", "rank": "0", "gone": ""})
+    assert not sel.matches({"app": "sky", "role": "db", "rank": "0"})
+    assert parse_label_selector("").matches({})
+    with pytest.raises(SelectorError):
+        parse_label_selector("app=bad value")
+    assert parse_quantity("500m") * 2 == 1
+    assert parse_quantity("8Gi") == 8 * 2**30 and parse_quantity("8G") == 8 * 10**9
+    assert parse_quantity(2) == 2 and parse_quantity("1.5") * 2 == 3
+
+
+def test_scheduler_fit_and_anti_affinity_messages() -> None:
+    def node(i: int, gpus: int = 0) -> Any:
+        alloc = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+        if gpus:
+            alloc["nvidia.com/gpu"] = str(gpus)
+        labels = {"kubernetes.io/hostname": f"n{i}"}
+        return node_view({"metadata": {"name": f"n{i}", "labels": labels}, "status": {"allocatable": alloc}})
+
+    def pod(name: str, node_name: str | None = None, **kw: Any) -> dict[str, Any]:
+        manifest = pod_manifest(name, {"app": "s"}, **kw)
+        manifest["metadata"]["namespace"] = "default"
+        if node_name:
+            manifest["spec"]["nodeName"] = node_name
+        return manifest
+
+    nodes = [node(0), node(1, gpus=1)]
+    assert schedule(pod("a"), nodes, []).node == "n0"
+    assert schedule(pod("b"), nodes, [pod("a", "n0")]).node == "n1"  # preferred spreads
+    assert schedule(pod("b"), nodes[:1], [pod("a", "n0")]).node == "n0"  # ... but is soft
+    required = schedule(pod("b", anti_affinity="required"), nodes[:1], [pod("a", "n0")])
+    assert required.message == "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+    assert schedule(pod("g", gpus=1), nodes, []).node == "n1"
+    assert schedule(pod("g", gpus=2), nodes, []).message == ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    big = pod("big")
+    big["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "5", "memory": "32Gi"}
+    assert schedule(big, nodes, []).message == ("0/2 nodes are available: 2 Insufficient cpu, 2 Insufficient memory.")
