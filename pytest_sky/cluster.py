@@ -370,7 +370,7 @@ def provision(
             "accelerators": str(resources.accelerators) if resources.accelerators else None,
             "gpus_per_node": resources.gpus_per_node,
         },
-        resources_label=resources.describe(num_nodes, backend.cloud_label),
+        resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
         cluster_info={"cluster_name": name, "cloud": backend.name, "region": backend.name, "zone": None},
     )
     if not store.claim(record):
@@ -408,6 +408,8 @@ def provision(
     except BaseException:
         try:
             backend.destroy(record)
+        except Exception as exc:  # noqa: BLE001 - the launch's own error is the one to raise
+            log.warning("cleanup of %s after a failed launch: %s", name, exc)
         finally:
             store.forget(name)
         raise

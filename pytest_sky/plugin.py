@@ -181,12 +181,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def _backend_has_gpu(settings: SkySettings) -> bool:
-    if settings.backend == "local":
-        from pytest_sky import gpus
+    from pytest_sky.backends import get_backend
+    from pytest_sky.errors import SkyError
 
-        visible = gpus.visible_from_env()
-        return bool(visible if visible is not None else gpus.detect_devices())
-    return True  # a Kubernetes cluster's GPUs are the scheduler's to judge
+    try:
+        return get_backend(settings.backend, **settings.backend_options()).has_gpus()
+    except SkyError:
+        return False  # the backend is unusable; its tests fail with the reason on their own
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

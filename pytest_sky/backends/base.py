@@ -47,6 +47,14 @@ class Backend(ABC):
     #: new connection is expensive (a port-forward proxy per connection on Kubernetes).
     multiplex_client: bool = False
 
+    def effective(self, resources: Resources) -> Resources:
+        """The resources each node really gets, defaults filled in (what status shows)."""
+        return resources
+
+    def has_gpus(self) -> bool:
+        """Whether this backend can run a GPU task at all (the ``gpu`` marker asks)."""
+        return False
+
     @abstractmethod
     def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
         """Refuse a request this backend can never satisfy, before anything is created."""

@@ -65,6 +65,7 @@ class KubernetesBackend(Backend):
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
         self.ready_timeout = ready_timeout
         self._api: kclient.CoreV1Api | None = None
+        self._cfg: object = None
         self.namespace = self.requested_namespace or "default"
         self.in_cluster = False
 
@@ -109,8 +110,17 @@ class KubernetesBackend(Backend):
                 f"no Kubernetes configuration: {path} does not exist and this is not a pod; "
                 "set KUBECONFIG or run `kubectl config use-context ...`"
             )
+        self._cfg = cfg
         self._api = client.CoreV1Api(client.ApiClient(cfg))
         return self._api
+
+    def stream_api(self) -> kclient.CoreV1Api:
+        """A client of its own for each exec or port-forward: the client's ``stream`` swaps its
+        ApiClient's request function while it runs, which breaks any other call sharing it."""
+        from kubernetes import client
+
+        self.api()
+        return client.CoreV1Api(client.ApiClient(self._cfg))
 
     def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -134,6 +144,25 @@ class KubernetesBackend(Backend):
             raise BackendUnavailableError(
                 f"cannot reach the API server of kube context {self.context!r}: {str(exc).splitlines()[0][:200]}"
             ) from None
+
+    def effective(self, resources: Resources) -> Resources:
+        import dataclasses
+
+        return dataclasses.replace(
+            resources,
+            cpus=resources.cpus if resources.cpus is not None else manifests.DEFAULT_CPUS,
+            memory=resources.memory if resources.memory is not None else manifests.DEFAULT_MEMORY_GB,
+        )
+
+    def has_gpus(self) -> bool:
+        """Any node with allocatable nvidia.com/gpu; a context that may not list nodes: assume so."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            nodes = self.api().list_node(_request_timeout=30).items
+        except ApiException:
+            return True
+        return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
 
     def cluster_info(self) -> dict[str, Any]:
         return {"cloud": "kubernetes", "region": self.context, "zone": self.namespace}
@@ -170,14 +199,14 @@ class KubernetesBackend(Backend):
             for rank in range(request.num_nodes):
                 api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, request.resources))
         except ApiException as exc:
-            self.destroy(record)
+            self._cleanup(record)
             if exc.status == 403:
                 raise ProvisionError(
                     f"no permission in namespace {ns!r} of kube context {self.context!r}: {_api_message(exc)}"
                 ) from None
             raise ProvisionError(f"the API server refused the cluster's objects: {_api_message(exc)}") from None
         except BaseException:
-            self.destroy(record)
+            self._cleanup(record)
             raise
         try:
             ips = self._wait_running(name, request.num_nodes)
@@ -193,8 +222,15 @@ class KubernetesBackend(Backend):
             record.head_proxy_command = self.proxy_command(nodes[0].hostname)
             return nodes
         except BaseException:
-            self.destroy(record)
+            self._cleanup(record)
             raise
+
+    def _cleanup(self, record: ClusterRecord) -> None:
+        """Best-effort removal after a failed launch: the launch's own error is the one to show."""
+        try:
+            self.destroy(record)
+        except Exception as exc:  # noqa: BLE001 - e.g. no permission to delete what we could not create
+            log.warning("cleanup of %s after a failed launch: %s", record.name, exc)
 
     def destroy(self, record: ClusterRecord) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -218,6 +254,13 @@ class KubernetesBackend(Backend):
         except ApiException as exc:
             if exc.status != 404:
                 raise ProvisionError(f"could not delete service {record.name}: {_api_message(exc)}") from None
+        # Deleted pods linger while they terminate: "down" means gone, so wait for that.
+        deadline = time.monotonic() + 120
+        while api.list_namespaced_pod(ns, label_selector=sel).items:
+            if time.monotonic() > deadline:
+                log.warning("pods of %s are still terminating after 120 s", record.name)
+                break
+            time.sleep(0.1)
 
     def orphans(self) -> list[str]:
         """Cluster names that have pods here (the reaper compares them with its records)."""
@@ -346,7 +389,7 @@ class KubernetesBackend(Backend):
             last = ""
             while time.monotonic() < deadline:
                 try:
-                    read_banner(self.api(), self.namespace, pod, timeout=10)
+                    read_banner(self.stream_api(), self.namespace, pod, timeout=10)
                     return
                 except Exception as exc:  # noqa: BLE001 - sshd still starting: keep asking
                     last = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -372,7 +415,7 @@ class KubernetesBackend(Backend):
         from kubernetes.stream import stream
 
         resp = stream(
-            self.api().connect_get_namespaced_pod_exec,
+            self.stream_api().connect_get_namespaced_pod_exec,
             pod,
             self.namespace,
             command=command,

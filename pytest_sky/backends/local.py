@@ -140,6 +140,9 @@ class LocalBackend(Backend):
         netns.require_tools()
         netns.check_forward_policy()
 
+    def has_gpus(self) -> bool:
+        return bool(self.devices())
+
     def devices(self) -> list[str]:
         """GPUs the nodes may share: injected (tests), else CUDA_VISIBLE_DEVICES, else all."""
         if self._devices is None:

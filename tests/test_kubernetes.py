@@ -1,0 +1,186 @@
+"""The Kubernetes backend against the API emulator, driven exactly as against a real cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky.backends import kube_manifests as manifests
+from pytest_sky.backends.kubernetes import KubernetesBackend
+from pytest_sky.errors import BackendUnavailableError, ProvisionError
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+
+from tests.kube_emulator import Emulator
+
+SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@pytest.fixture(scope="module")
+def emu3():
+    with Emulator(nodes=3) as emu:
+        yield emu
+
+
+def launch(emu: Emulator, name: str, num_nodes: int = 2, **kwargs: object) -> pytest_sky.Cluster:
+    return pytest_sky.launch(
+        num_nodes=num_nodes,
+        name=name,
+        backend="kubernetes",
+        backend_options={"kubeconfig": str(emu.kubeconfig_path)},
+        **kwargs,
+    )
+
+
+def ours(emu: Emulator, cluster: str) -> list[str]:
+    """Every pod, secret and service of a cluster the API server still has."""
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+    sel = manifests.selector(cluster)
+    left = [f"pod {p.metadata.name}" for p in api.list_namespaced_pod("default", label_selector=sel).items]
+    left += [f"secret {s.metadata.name}" for s in api.list_namespaced_secret("default", label_selector=sel).items]
+    left += [f"service {s.metadata.name}" for s in api.list_namespaced_service("default", label_selector=sel).items]
+    return left
+
+
+def node_names(emu: Emulator, cluster: str) -> list[str]:
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+    pods = api.list_namespaced_pod("default", label_selector=manifests.selector(cluster)).items
+    return [p.spec.node_name for p in pods]
+
+
+def test_pods_run_tasks_and_answer_ssh(home: Path, emu3: Emulator):
+    with launch(emu3, "k8s-basic") as c:
+        res = c.run('echo "$SKYPILOT_NODE_RANK $(hostname)"; echo "$SKYPILOT_CLUSTER_INFO"')
+        assert res.returncode == 0, res.output
+        assert [r.stdout.splitlines()[0] for r in res.ranks] == ["0 k8s-basic-head", "1 k8s-basic-worker1"]
+        info = json.loads(res.ranks[0].stdout.splitlines()[1])
+        assert info["cloud"] == "kubernetes" and info["cluster_name"] == "k8s-basic"
+        for alias, host in [(c.name, "k8s-basic-head"), (f"{c.name}-worker1", "k8s-basic-worker1")]:
+            proc = subprocess.run(
+                ["ssh", "-F", c.ssh_config, alias, "hostname"], capture_output=True, text=True, timeout=60, check=False
+            )
+            assert proc.stdout.strip() == host, proc.stderr
+        # Pod IPs are the node IPs, and names resolve between pods (the headless Service).
+        res = c.run("getent ahostsv4 k8s-basic-worker1.k8s-basic | head -n1 | cut -d' ' -f1")
+        assert {r.stdout.strip() for r in res.ranks} == {c.node_ips[1]}
+    assert ours(emu3, "k8s-basic") == []
+
+
+def test_spread_over_nodes_when_they_fit(home: Path, emu3: Emulator):
+    with launch(emu3, "k8s-spread", num_nodes=3):
+        assert len(set(node_names(emu3, "k8s-spread"))) == 3
+
+
+def test_one_node_cluster_still_schedules_every_pod(home: Path):
+    with Emulator(nodes=1) as emu, launch(emu, "k8s-onenode", num_nodes=3) as c:
+        assert set(node_names(emu, "k8s-onenode")) == {"emu-node-0"}
+        assert c.run("true").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ({"pending": "k8s-fault-*"}, "cannot be scheduled"),
+        ({"image_pull": "k8s-fault-*"}, "ErrImagePull"),
+        ({"crash": "k8s-fault-*"}, "failed before sshd came up"),
+    ],
+    ids=["unschedulable", "image-pull", "crash"],
+)
+def test_faults_are_clear_and_leave_nothing(home: Path, fault: dict, expected: str):
+    with Emulator(nodes=2, faults=fault) as emu:
+        with pytest.raises(ProvisionError) as err:
+            launch(emu, "k8s-fault")
+        message = str(err.value)
+        assert expected in message and "k8s-fault-" in message and "\n" not in message, message
+        assert ours(emu, "k8s-fault") == []
+        assert not (home / "clusters" / "k8s-fault").exists()
+
+
+def test_gpus_beyond_capacity_are_unschedulable_with_the_events(home: Path, emu3: Emulator):
+    with pytest.raises(ProvisionError, match=r"cannot be scheduled.*Insufficient nvidia.com/gpu"):
+        launch(emu3, "k8s-nogpu", gpus="V100:1")
+    assert ours(emu3, "k8s-nogpu") == []
+
+
+def test_status_shows_the_fractional_gpu_request(home: Path):
+    with Emulator(nodes=3, gpus_per_node=1) as emu:
+        env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path), "CI": "1"}
+        run = subprocess.run(
+            [SCRIPT, "launch", "-c", "k8s-frac", "--kubernetes", "--gpus", "V100:0.5", "--num-nodes", "3"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        try:
+            assert run.returncode == 0, run.stderr
+            status = subprocess.run([SCRIPT, "status"], capture_output=True, text=True, env=env, check=True).stdout
+            assert "3x Kubernetes(2CPU--8GB--V100:0.5)" in status, status
+            api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+            pod = api.read_namespaced_pod("k8s-frac-worker1", "default")
+            assert pod.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
+            stress = subprocess.run(
+                [SCRIPT, "stress-ssh", "k8s-frac"], capture_output=True, text=True, env=env, timeout=300, check=False
+            )
+            assert stress.returncode == 0 and stress.stdout.startswith("200/200"), stress.stdout + stress.stderr
+        finally:
+            subprocess.run([SCRIPT, "down", "k8s-frac"], env=env, timeout=120, check=False)
+        assert ours(emu, "k8s-frac") == []
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"kubeconfig": "/nonexistent/kubeconfig"}, "no Kubernetes configuration"),
+        ({"context": "nope"}, "kube context 'nope' is not in"),
+        ({"namespace": "missing"}, "namespace 'missing' does not exist"),
+        ({"context": "kube-emulator-badtoken"}, "not authorised"),
+    ],
+)
+def test_configuration_problems_are_one_line(
+    home: Path, emu3: Emulator, options: dict, expected: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    opts = {"kubeconfig": str(emu3.kubeconfig_path), **options}
+    with pytest.raises(BackendUnavailableError) as err:
+        pytest_sky.launch(num_nodes=2, name="k8s-bad", backend="kubernetes", backend_options=opts)
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not (home / "clusters" / "k8s-bad").exists()
+
+
+def test_no_permission_to_create_pods(home: Path, emu3: Emulator):
+    with pytest.raises(ProvisionError, match="no permission in namespace 'default'"):
+        pytest_sky.launch(
+            num_nodes=2,
+            name="k8s-ro",
+            backend="kubernetes",
+            backend_options={"kubeconfig": str(emu3.kubeconfig_path), "context": "kube-emulator-readonly"},
+        )
+    assert ours(emu3, "k8s-ro") == []
+
+
+def test_reaper_deletes_pods_of_a_dead_owner(home: Path, emu3: Emulator):
+    code = (
+        "import os, pytest_sky\n"
+        f"c = pytest_sky.launch(num_nodes=2, name='k8s-orphan', backend='kubernetes', "
+        f"backend_options={{'kubeconfig': {str(emu3.kubeconfig_path)!r}}})\n"
+        "os._exit(0)  # the owner dies without tearing down\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env={**os.environ})
+    assert ours(emu3, "k8s-orphan")
+    assert "k8s-orphan" in pytest_sky.reap_orphans()
+    assert ours(emu3, "k8s-orphan") == []
