@@ -27,7 +27,7 @@ from pytest_sky.runner import RunResult
 from pytest_sky.ssh import client as ssh_client
 from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import ClusterRecord, StateStore
-from pytest_sky.task import Task
+from pytest_sky.task import Task, validate_envs
 
 if TYPE_CHECKING:
     import paramiko
@@ -216,10 +216,7 @@ class Cluster:
         envs = dict(self._backend.forward_env())
         envs.setdefault("PYTHONUNBUFFERED", "1")
         envs.update(task.envs)
-        for key, value in (env or {}).items():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
-                raise TaskError(f"env name {key!r} is not a valid environment variable name")
-            envs[str(key)] = str(value)
+        envs.update(validate_envs(env))
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
         nodes = [
             {"rank": r, "name": "head" if r == 0 else f"worker{r}", "ip": ip, "ssh_target": ip}
@@ -450,7 +447,7 @@ def reap_orphans(store: StateStore | None = None) -> list[str]:
     try:
         from pytest_sky.backends.local import LocalBackend
 
-        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links()]
+        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links(store.root / "clusters")]
     except (SkyError, OSError) as exc:
         log.warning("could not reap stray links: %s", exc)
     return reaped

@@ -219,6 +219,12 @@ def _check_envs(value: object) -> dict[str, str]:
     return result
 
 
+def validate_envs(value: object) -> dict[str, str]:
+    """Check and convert environment variables the way a task's ``envs`` are checked (also for
+    ``Cluster.run(env=...)``): valid names, no reserved SKYPILOT_ names, scalar values, no NUL."""
+    return _check_envs(value)
+
+
 def _resolve_local(value: object, key: str, base_dir: StrPath | None) -> tuple[str, int]:
     """Make a local path absolute and check that it exists; return it and its mode.
 

@@ -184,3 +184,33 @@ def test_reaper_deletes_pods_of_a_dead_owner(home: Path, emu3: Emulator):
     assert ours(emu3, "k8s-orphan")
     assert "k8s-orphan" in pytest_sky.reap_orphans()
     assert ours(emu3, "k8s-orphan") == []
+
+
+def test_dropped_port_forward_fails_the_run_clearly_and_the_next_one_reconnects(home: Path, emu3: Emulator):
+    import threading
+    import time
+
+    from pytest_sky.errors import RunError
+
+    with launch(emu3, "k8s-drop") as c:
+        assert c.run("true").returncode == 0
+        outcome: list[BaseException | object] = []
+        started = threading.Event()
+
+        def long_run() -> None:
+            try:
+                outcome.append(c.run("echo started; sleep 60", timeout=120, on_line=lambda line: started.set()))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        t = threading.Thread(target=long_run)
+        t.start()
+        assert started.wait(60), "the run never started"
+        start = time.monotonic()
+        emu3.set_faults(drop_portforwards=True)
+        t.join(30)
+        assert not t.is_alive() and time.monotonic() - start < 10
+        (err,) = outcome
+        assert isinstance(err, RunError) and "\n" not in str(err), err
+        assert c.run("echo back").returncode == 0  # a new port-forward, a new connection
+    assert ours(emu3, "k8s-drop") == []

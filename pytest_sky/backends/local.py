@@ -246,10 +246,11 @@ class LocalBackend(Backend):
                 _copy(Path(local), Path(remote))  # one shared filesystem: one copy serves all
         return True
 
-    def reap_stray_links(self) -> list[str]:
-        """Bridges of ours that no cluster owns: the owner died between creating the bridge
-        and recording it (alias still empty), or its cluster directory has no record left.
-        A bridge with nodes attached is never touched."""
+    def reap_stray_links(self, clusters_dir: Path) -> list[str]:
+        """Bridges of ours that no cluster owns: a cluster directory under ``clusters_dir``
+        with no record left, or no owner at all because its creator died between creating
+        it and naming its owner (alias empty, never brought up).  A bridge with nodes
+        attached, or owned by anything else (another state directory, the emulator), stays."""
         import re
 
         def stray(name: str) -> bool:
@@ -257,12 +258,19 @@ class LocalBackend(Backend):
             if not re.fullmatch(rf"{netns.LINK_PREFIX}\d+", name) or any((base / "brif").glob("*")):
                 return False
             owner = netns.link_alias(name)
-            return not owner or not (Path(owner) / "record.json").exists()
+            if not owner:
+                try:
+                    flags = int((base / "flags").read_text(), 16)
+                except (OSError, ValueError):
+                    return False
+                return not flags & 0x1  # IFF_UP: create_bridge brings it up right after naming it
+            path = Path(owner)
+            return path.parent == clusters_dir and not (path / "record.json").exists()
 
         candidates = [n for n in os.listdir("/sys/class/net") if stray(n)]
         if not candidates:
             return []
-        time.sleep(0.5)  # a bridge being created right now gets its alias and ports within this
+        time.sleep(0.5)  # a bridge being created right now gets its owner and ports within this
         doomed = [n for n in candidates if stray(n)]
         if doomed:
             netns.delete_links(netns.require_tools()["ip"], doomed)

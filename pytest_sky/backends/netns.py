@@ -130,6 +130,12 @@ def require_privileges() -> None:
     net_admin, sys_admin = 1 << 12, 1 << 21
     if cap_eff & net_admin and cap_eff & sys_admin:
         return
+    if os.geteuid() == 0:
+        raise BackendUnavailableError(
+            "the local backend needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network "
+            "namespaces, and this root has had them dropped (a restricted container?): run it "
+            "privileged (e.g. `docker run --privileged`) or use --kubernetes"
+        )
     raise BackendUnavailableError(
         "the local backend needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network "
         "namespaces: run pytest as root (e.g. `sudo -E env PATH=$PATH pytest ...`) "
