@@ -151,10 +151,20 @@ def settings_from(config: pytest.Config) -> SkySettings:
     )
 
 
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (CI timeouts, `kill`) becomes what Ctrl-C is: pytest stops and tears down."""
+    raise KeyboardInterrupt(f"pytest-sky: signal {signum}: tearing clusters down")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}" if not help_text.startswith(name) else help_text)
     config.stash[_state_key] = _SessionState(settings=settings_from(config))
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 @pytest.hookimpl(trylast=True)

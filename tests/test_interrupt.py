@@ -84,3 +84,26 @@ def test_ctrl_c_tears_the_cluster_down(tmp_path: Path, inner: str):
     assert records(home) == []
     assert [n for n in links if netns.link_exists(n)] == []
     assert [n["pid"] for n in data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))] == []
+
+
+def test_sigterm_tears_the_cluster_down_too(tmp_path: Path):
+    """CI runners and `kill` send SIGTERM: it must clean up as Ctrl-C does."""
+    home = tmp_path / "home"
+    (tmp_path / "test_inner.py").write_text(INNER_RUN)
+    signal_file = tmp_path / "signal"
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "SIGNAL_FILE": str(signal_file)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    wait_for(signal_file, proc)
+    (record,) = records(home)
+    data = record["backend_data"]
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert records(home) == []
+    assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []

@@ -393,6 +393,13 @@ class KubernetesBackend(Backend):
                     return
                 except Exception as exc:  # noqa: BLE001 - sshd still starting: keep asking
                     last = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                try:  # a container that died will never answer: say so now, not at the deadline
+                    self._check_pod(self.api().read_namespaced_pod(pod, self.namespace))
+                except ProvisionError as exc:
+                    errors[pod] = str(exc)
+                    return
+                except Exception:  # noqa: BLE001 - the banner error above is the one to keep
+                    pass
                 time.sleep(0.2)
             errors[pod] = f"sshd sent no banner within {self.ready_timeout:.0f} s ({last})"
 
@@ -403,6 +410,8 @@ class KubernetesBackend(Backend):
             t.join()
         if errors:
             pod, err = sorted(errors.items())[0]
+            if err.startswith("pod "):
+                raise ProvisionError(err)
             raise ProvisionError(f"pod {pod}: {err}{self._events_suffix(pod, True)}")
 
     def ssh_route(self, record: ClusterRecord, node: NodeAddress) -> dict[str, Any]:
