@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--update-readme]``: measure, print, save, optionally publish.
+"""``python -m bench [--quick] [--peers] [--update-readme]``: measure, print, save, optionally publish.
 
 The benchmark keeps its cluster state in a private ``PYTEST_SKY_HOME`` (unless one is set)
 so it never mixes with the records of tests that other engineers run on this machine at the
@@ -35,6 +35,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--update-readme",
         action="store_true",
         help=f"write the results table into README.md between {report.README_START} and {report.README_END}",
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help=(
+            "also measure against peers in the same run (off by default; slow, several minutes): "
+            "bring-up vs a local Ray test cluster and torch multiprocessing spawn for N=2..32, a 2-rank "
+            "gloo test vs PyTorch's MultiProcessTestCase, a 16-node hostname fan-out vs parallel-ssh and a "
+            "paramiko thread pool, 20x10 concurrent ssh on the Kubernetes backend (API emulator); plots "
+            "bring-up vs N to bench/bringup.png. Peers are optional: pip install ray parallel-ssh "
+            "matplotlib expecttest; a missing one is reported in its row"
+        ),
     )
     return p.parse_args(argv)
 
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench import sections  # after PYTEST_SKY_HOME is settled
 
     plan = sections.Plan.quick() if args.quick else sections.Plan.full()
-    mode = "quick" if args.quick else "full"
+    mode = ("quick" if args.quick else "full") + (", peers" if args.peers else "")
     namer = sections.Namer()
     machine = Machine.detect()
     figures: list[Figure] = []
@@ -85,6 +97,24 @@ def main(argv: list[str] | None = None) -> int:
         ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
         ("all_reduce", lambda: sections.allreduce(plan, namer)),
     ]
+    plot_line = None
+    if args.peers:
+        from bench import peers
+
+        peer_plan = peers.PeerPlan.quick() if args.quick else peers.PeerPlan.full()
+        peer_series: dict = {}
+
+        def peer_bringup() -> list[Figure]:
+            figs, series = peers.bringup(peer_plan, namer)
+            peer_series.update(series)
+            return figs
+
+        steps += [
+            ("peers: bring-up", peer_bringup),
+            ("peers: gloo test", lambda: peers.gloo_test(peer_plan, namer)),
+            ("peers: ssh fan-out", lambda: peers.fanout(peer_plan, namer)),
+            ("peers: ssh concurrency, kubernetes", lambda: peers.kube_concurrency(peer_plan, namer, figures)),
+        ]
     try:
         for name, step in steps:
             try:
@@ -101,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(own_home, ignore_errors=True)
     duration = time.perf_counter() - started
     machine = machine.finished()
+    if args.peers and peer_series:
+        try:
+            plot_line = peers.plot(peer_series, peer_plan.sizes, machine)
+        except Exception as exc:  # noqa: BLE001 - a broken plot must not lose the table
+            plot_line = f"plot: failed: {type(exc).__name__}: {exc}"
+            errors.append(plot_line)
 
     print(report.header(machine, mode))
     print()
@@ -109,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     print(report.LEGEND)
     for line in report.notes(figures, errors):
         print(line)
+    if plot_line:
+        print(plot_line)
     report.write_json(RESULTS, machine, mode, duration, figures, errors)
     print(f"total {duration:.1f} s; results in {RESULTS.relative_to(BENCH_DIR.parent)}")
     if args.update_readme:
-        print(report.update_readme(README, report.markdown(machine, mode, figures)))
+        image = peers.PLOT_LINK if plot_line and plot_line.startswith("plot: wrote") else None
+        block = report.markdown(machine, mode, figures, image=image)
+        print(report.update_readme(README, block))
     return 1 if errors else 0

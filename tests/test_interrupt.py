@@ -1,4 +1,5 @@
-"""Ctrl-C (SIGINT) at the moments that matter: while nodes come up, and while a task runs.
+"""Ctrl-C (SIGINT) and SIGTERM at the moments that matter: while nodes come up, while the
+task's setup runs, and while its run does.
 
 Each case runs pytest in a subprocess, waits for the inner test to report where it is (a
 file it writes: the real signal), interrupts it, and checks that nothing of its cluster is
@@ -58,8 +59,26 @@ def records(home: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in (home / "clusters").glob("*/record.json")]
 
 
-@pytest.mark.parametrize("inner", [INNER_RUN, INNER_PROVISION], ids=["during-run", "during-provisioning"])
-def test_ctrl_c_tears_the_cluster_down(tmp_path: Path, inner: str):
+INNER_SETUP = """
+import os, pathlib, pytest_sky
+
+def test_setup(sky_launch):
+    marker = os.environ["SIGNAL_FILE"]
+    sky_launch(pytest_sky.Task(setup=f"touch {marker}; sleep 60", run="true", num_nodes=2))
+"""
+
+
+@pytest.mark.parametrize(
+    ("inner", "sig"),
+    [
+        (INNER_PROVISION, signal.SIGINT),
+        (INNER_SETUP, signal.SIGINT),
+        (INNER_RUN, signal.SIGINT),
+        (INNER_RUN, signal.SIGTERM),  # CI runners and `kill` send SIGTERM: it must clean up as Ctrl-C does
+    ],
+    ids=["ctrl-c-during-provisioning", "ctrl-c-during-setup", "ctrl-c-during-run", "sigterm-during-run"],
+)
+def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signal.Signals):
     home = tmp_path / "home"
     (tmp_path / "test_inner.py").write_text(inner)
     signal_file = tmp_path / "signal"
@@ -76,7 +95,7 @@ def test_ctrl_c_tears_the_cluster_down(tmp_path: Path, inner: str):
     data = record["backend_data"]
     links = [data["bridge"], *data["veths"]]
     assert netns.link_exists(data["bridge"])
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     text = out.decode()
     assert proc.returncode == 2, text  # pytest's "interrupted"
@@ -84,26 +103,3 @@ def test_ctrl_c_tears_the_cluster_down(tmp_path: Path, inner: str):
     assert records(home) == []
     assert [n for n in links if netns.link_exists(n)] == []
     assert [n["pid"] for n in data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))] == []
-
-
-def test_sigterm_tears_the_cluster_down_too(tmp_path: Path):
-    """CI runners and `kill` send SIGTERM: it must clean up as Ctrl-C does."""
-    home = tmp_path / "home"
-    (tmp_path / "test_inner.py").write_text(INNER_RUN)
-    signal_file = tmp_path / "signal"
-    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "SIGNAL_FILE": str(signal_file)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    wait_for(signal_file, proc)
-    (record,) = records(home)
-    data = record["backend_data"]
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 2
-    assert records(home) == []
-    assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []

@@ -1,0 +1,648 @@
+"""``python -m bench --peers``: pytest-sky against the tools people use instead, in one run.
+
+DESIGN.md section 7 quotes peers measured on this kind of machine; this module measures them
+again next to pytest-sky, interleaved in the same loops, so each comparison is a same-run ratio:
+
+- bring-up and teardown of N nodes against a local Ray test cluster
+  (``ray.cluster_utils.Cluster``) and against spawning N processes with torch multiprocessing;
+- a 2-rank gloo all_reduce test, launch to teardown, against PyTorch's ``MultiProcessTestCase``;
+- a 16-node ``hostname`` fan-out against parallel-ssh and a paramiko thread pool;
+- 20 x 10 concurrent ssh on the Kubernetes backend (through the repository's API emulator)
+  against the same measurement on the local backend.
+
+The peers are optional (``pip install ray parallel-ssh matplotlib``; PyTorch's test helpers
+also need ``expecttest``): a peer that is not installed gives a row that says so.  Peer trials
+run in child processes (:mod:`bench.peer_workers`) in their own session, bounded by a hard
+timeout after which their whole process group is killed; Ray's processes are also found by
+their private temp dir and killed by pid.  Every cluster is torn down in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.records import Figure, Machine, Target, median, percentile
+from bench.sections import DESIGN, Namer, cluster, progress
+
+if TYPE_CHECKING:
+    from pytest_sky import Cluster
+
+REPO = Path(__file__).resolve().parent.parent
+PLOT = Path(__file__).resolve().parent / "bringup.png"
+PLOT_LINK = "bench/bringup.png"
+GLOO_TINY = Path(__file__).resolve().parent / "gloo_tiny.py"
+INSTALL_HINT = "pip install ray parallel-ssh matplotlib expecttest"
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    sizes: tuple[int, ...]
+    ours_reps: int
+    peer_reps_small: int  # Ray and torch mp at N <= 4
+    peer_reps_large: int  # Ray and torch mp at N > 4: tens of seconds each on 2 cores
+    ray_budget: float  # seconds of Ray bring-up before it stops adding nodes
+    gloo_reps: int
+    fanout_nodes: int
+    fanout_rounds: int
+    kube_rounds: int
+
+    @classmethod
+    def full(cls) -> PeerPlan:
+        return cls(
+            sizes=(2, 4, 8, 16, 32),
+            ours_reps=3,
+            peer_reps_small=2,
+            peer_reps_large=1,
+            ray_budget=75.0,
+            gloo_reps=3,
+            fanout_nodes=16,
+            fanout_rounds=7,
+            kube_rounds=10,
+        )
+
+    @classmethod
+    def quick(cls) -> PeerPlan:
+        return cls(
+            sizes=(2, 4, 8),
+            ours_reps=1,
+            peer_reps_small=1,
+            peer_reps_large=1,
+            ray_budget=30.0,
+            gloo_reps=1,
+            fanout_nodes=16,
+            fanout_rounds=2,
+            kube_rounds=3,
+        )
+
+
+def missing(*modules: str) -> list[str]:
+    out = []
+    for m in modules:
+        try:
+            if importlib.util.find_spec(m) is None:
+                out.append(m)
+        except (ImportError, ValueError):
+            out.append(m)
+    return out
+
+
+def mptc_importable() -> str | None:
+    """None when PyTorch's ``MultiProcessTestCase`` imports here; otherwise why not."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from torch.testing._internal.common_distributed import MultiProcessTestCase"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or ["import failed"])[-1]
+
+
+# ------------------------------------------------------------------------------ child trials
+
+
+class PeerError(RuntimeError):
+    pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End the child's own session (it and everything it spawned), gently, then for sure."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Pids whose command line mentions ``text`` (Ray's private temp dir): ours alone."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def child(args: list[str], timeout: float, env: dict[str, str] | None = None) -> dict:
+    """Run ``python -m bench.peer_workers ARGS`` and return its JSON; bounded by ``timeout``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.peer_workers", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        raise PeerError(f"did not finish within {timeout:.0f} s (killed)") from None
+    finally:
+        _kill_group(proc)
+        try:  # the child is gone; anything it left in its session goes too
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for line in reversed(out.splitlines()):
+        if line.startswith("PEER_RESULT "):
+            return json.loads(line[len("PEER_RESULT ") :])
+    tail = (err.strip().splitlines() or ["no output"])[-1]
+    raise PeerError(f"exit {proc.returncode}: {tail[-300:]}")
+
+
+def ray_trial(n: int, budget: float) -> dict:
+    temp_dir = tempfile.mkdtemp(prefix="psky-ray-", dir="/tmp")
+    try:
+        return child(
+            ["ray", str(n), str(budget), temp_dir],
+            timeout=budget + 120,
+            env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_IMPORT_WARNING": "1"},
+        )
+    finally:
+        _kill_pids(_pids_mentioning(temp_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- bring-up
+
+
+@dataclass
+class Series:
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)
+
+    def add(self, n: int, value: float) -> None:
+        self.samples.setdefault(n, []).append(value)
+
+    def med(self, n: int) -> float | None:
+        return median(self.samples.get(n, []))
+
+
+def _ours_up_down(n: int, name: str) -> tuple[float, float]:
+    import pytest_sky
+
+    t0 = time.perf_counter()
+    c = pytest_sky.launch(num_nodes=n, name=name)
+    try:
+        t1 = time.perf_counter()
+    finally:
+        c.down()
+    return t1 - t0, time.perf_counter() - t1
+
+
+def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Series]]:
+    ours_up, ours_down, ours_total = Series(), Series(), Series()
+    ray_up, ray_down, torch_total = Series(), Series(), Series()
+    ray_missing = missing("ray")
+    ray_gave_up = False  # once Ray misses its budget at some N, larger N are not attempted
+    _ours_up_down(2, namer("pwarm"))
+    if not ray_missing:
+        progress("peers bring-up: Ray warm-up (first import, first session)")
+        try:
+            ray_trial(1, plan.ray_budget)
+        except PeerError as exc:
+            progress(f"peers bring-up: Ray warm-up failed: {exc}")
+    for n in plan.sizes:
+        peer_reps = plan.peer_reps_small if n <= 4 else plan.peer_reps_large
+        for rep in range(max(plan.ours_reps, peer_reps)):
+            progress(f"peers bring-up: N={n} rep {rep + 1}")
+            if rep < plan.ours_reps:
+                up, down = _ours_up_down(n, namer(f"p{n}"))
+                ours_up.add(n, up)
+                ours_down.add(n, down)
+                ours_total.add(n, up + down)
+            if rep >= peer_reps:
+                continue
+            if ray_missing:
+                ray_up.notes[n] = f"Ray not installed ({INSTALL_HINT})"
+            elif ray_gave_up:
+                ray_up.notes[n] = f"not attempted: Ray missed the {plan.ray_budget:.0f} s budget at a smaller N"
+            else:
+                try:
+                    r = ray_trial(n, plan.ray_budget)
+                except PeerError as exc:
+                    ray_up.notes[n] = f"Ray trial failed: {exc}"
+                    ray_gave_up = "did not finish" in str(exc)
+                else:
+                    ray_down.add(n, r["down"])
+                    if r["capped"] or r["up"] is None:
+                        ray_gave_up = True
+                        ray_up.notes[n] = (
+                            f"Ray stopped at the {plan.ray_budget:.0f} s budget with {r['added']} of {n} nodes "
+                            f"added after {r['elapsed_when_capped']:.1f} s (shutdown {r['down']:.1f} s)"
+                        )
+                    else:
+                        ray_up.add(n, r["up"])
+            try:
+                t = child(["torchmp", str(n)], timeout=120 + 10 * n)
+                torch_total.add(n, t["seconds"])
+            except PeerError as exc:
+                torch_total.notes[n] = f"torch mp spawn failed: {exc}"
+    figures = []
+    section = "peers: bring-up"
+    for n in plan.sizes:
+        figures.append(
+            Figure(
+                section=section,
+                name=f"ready, {n} nodes",
+                unit="s",
+                value=ours_up.med(n),
+                baseline=ray_up.med(n),
+                baseline_name=f"Ray Cluster, {n} nodes to wait_for_nodes",
+                samples=ours_up.samples.get(n, []),
+                baseline_samples=ray_up.samples.get(n, []),
+                note=ray_up.notes.get(n, ""),
+            )
+        )
+        figures.append(
+            Figure(
+                section=section,
+                name=f"teardown, {n} nodes",
+                unit="s",
+                value=ours_down.med(n),
+                baseline=ray_down.med(n),
+                baseline_name=f"Ray Cluster.shutdown(), {n} nodes",
+                samples=ours_down.samples.get(n, []),
+                baseline_samples=ray_down.samples.get(n, []),
+            )
+        )
+        figures.append(
+            Figure(
+                section=section,
+                name=f"launch + down, {n} nodes",
+                unit="s",
+                value=ours_total.med(n),
+                baseline=torch_total.med(n),
+                baseline_name=f"torch mp spawn+join {n} procs",
+                samples=ours_total.samples.get(n, []),
+                baseline_samples=torch_total.samples.get(n, []),
+                note=torch_total.notes.get(n, ""),
+            )
+        )
+    return figures, {"pytest-sky (launch -> ready)": ours_up, "Ray Cluster": ray_up, "torch mp spawn+join": torch_total}
+
+
+def plot(series: dict[str, Series], sizes: tuple[int, ...], machine: Machine, path: Path = PLOT) -> str:
+    """Bring-up time against N, one line per tool; returns a line saying what it wrote."""
+    if missing("matplotlib"):
+        return f"plot: matplotlib not installed ({INSTALL_HINT}); {path.name} not written"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    for (label, s), marker in zip(series.items(), ("o", "s", "^"), strict=False):
+        xs = [n for n in sizes if s.med(n) is not None]
+        ys = [s.med(n) for n in xs]
+        gaps = [str(n) for n in sizes if s.med(n) is None]
+        if gaps:
+            label += f" (not measured at N={','.join(gaps)})"
+        ax.plot(xs, ys, marker=marker, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(sizes))
+    ax.set_xticklabels([str(n) for n in sizes])
+    ax.set_xlabel("nodes / processes (N)")
+    ax.set_ylabel("seconds (median), log scale")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(
+        f"Local bring-up vs N: {machine.cpus} CPUs, {machine.uname}\n{machine.date_utc}, `python -m bench --peers`",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return f"plot: wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+
+
+# ------------------------------------------------------------------------- gloo test overhead
+
+
+def _ours_gloo_test(name: str) -> float:
+    import pytest_sky
+
+    t0 = time.perf_counter()
+    c = pytest_sky.launch(num_nodes=2, name=name)
+    try:
+        res = c.run(f"{sys.executable} {GLOO_TINY}", timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"gloo test on the nodes failed: {res.error}\n{res.output[-800:]}")
+    finally:
+        c.down()
+    return time.perf_counter() - t0
+
+
+def gloo_test(plan: PeerPlan, namer: Namer) -> list[Figure]:
+    why = mptc_importable()
+    ours: list[float] = []
+    peer: list[float] = []
+    peer_wall: list[float] = []
+    notes = []
+    _ours_gloo_test(namer("gwarm"))
+    for rep in range(plan.gloo_reps):
+        progress(f"peers gloo test: rep {rep + 1}/{plan.gloo_reps}")
+        ours.append(_ours_gloo_test(namer("gloo")))
+        if why is None:
+            t0 = time.perf_counter()
+            try:
+                r = child(["mptc"], timeout=180)
+            except PeerError as exc:
+                notes.append(f"MultiProcessTestCase run failed: {exc}")
+                continue
+            peer_wall.append(time.perf_counter() - t0)
+            if not r["ok"]:
+                notes.append(f"MultiProcessTestCase test did not pass: {r['problems']}")
+                continue
+            peer.append(r["seconds"])
+    if why is not None:
+        notes.append(f"MultiProcessTestCase not importable here ({why}; {INSTALL_HINT})")
+    if peer_wall:
+        notes.append(
+            f"baseline = unittest run inside the child (spawn, 2 ranks, join); with the child's interpreter "
+            f"start and torch import it was {statistics.median(peer_wall):.2f} s"
+        )
+    return [
+        Figure(
+            section="peers: gloo test",
+            name="2-rank gloo all_reduce test, launch to teardown",
+            unit="s",
+            value=median(ours),
+            baseline=median(peer),
+            baseline_name="MultiProcessTestCase, 2 spawned ranks",
+            targets=[Target(1.5, DESIGN)],
+            samples=ours,
+            baseline_samples=peer,
+            note="; ".join(dict.fromkeys(notes)),
+        )
+    ]
+
+
+# -------------------------------------------------------------------------------- ssh fan-out
+
+
+def _paramiko_fanout(ips: list[str], key_path: Path, known_hosts: Path) -> float:
+    import paramiko
+
+    pkey = paramiko.Ed25519Key.from_private_key_file(str(key_path))
+
+    def one(ip: str) -> str:
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            client.connect(ip, username="root", pkey=pkey, allow_agent=False, look_for_keys=False, timeout=20)
+            _, stdout, _ = client.exec_command("hostname")
+            out = stdout.read().decode().strip()
+            if stdout.channel.recv_exit_status() != 0:
+                raise RuntimeError(f"hostname on {ip} failed")
+            return out
+        finally:
+            client.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(ips)) as pool:
+        names = list(pool.map(one, ips))
+    dt = time.perf_counter() - t0
+    if len(set(names)) != len(ips):
+        raise RuntimeError(f"paramiko fan-out got {names}")
+    return dt
+
+
+def _ours_fanout(c: Cluster) -> float:
+    t0 = time.perf_counter()
+    res = c.run("hostname")
+    dt = time.perf_counter() - t0
+    names = [r.stdout.strip() for r in res.ranks]
+    if res.returncode != 0 or len(set(names)) != c.num_nodes:
+        raise RuntimeError(f"cluster.run('hostname') failed: {res.error or res.output[-500:]}")
+    return dt
+
+
+def _known_hosts_keys(known_hosts: Path, ips: list[str]) -> str:
+    """Whether the cluster's known_hosts names the node IPs (what a host-key check would need)."""
+    try:
+        text = known_hosts.read_text()
+    except OSError:
+        return "no known_hosts file"
+    hit = sum(1 for ip in ips if ip in text)
+    return f"{hit}/{len(ips)} node IPs in known_hosts"
+
+
+def fanout(plan: PeerPlan, namer: Namer) -> list[Figure]:
+    from pytest_sky.state import StateStore
+
+    k = plan.fanout_nodes
+    ours: list[float] = []
+    pssh: list[float] = []
+    para: list[float] = []
+    notes: list[str] = []
+    pssh_missing = missing("pssh")
+    with cluster(k, namer(f"fan{k}")) as c:
+        d = StateStore().cluster_dir(c.name)
+        key, known_hosts = d / "id_ed25519", d / "known_hosts"
+        ips = list(c.node_ips)
+        steps: list[tuple[list[float], str, Callable[[], float]]] = [
+            (ours, "pytest-sky", lambda: _ours_fanout(c)),
+            (para, "paramiko", lambda: _paramiko_fanout(ips, key, known_hosts)),
+        ]
+        if not pssh_missing:
+
+            def pssh_round() -> float:
+                r = child(["pssh", str(key), *ips], timeout=120)
+                if r["failures"] or len(set(r["names"])) != k:
+                    raise RuntimeError(f"parallel-ssh: {r['failures'] or r['names']}")
+                return r["seconds"]
+
+            steps.append((pssh, "parallel-ssh", pssh_round))
+        progress(f"peers fan-out: hostname on {k} nodes, 1 warm-up + {plan.fanout_rounds} rounds")
+        for i in range(plan.fanout_rounds + 1):
+            for sink, label, fn in steps:
+                try:
+                    dt = fn()
+                except Exception as exc:  # noqa: BLE001 - a failing peer must not end the section
+                    notes.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                if i > 0:
+                    sink.append(dt * 1000)
+        kh = _known_hosts_keys(known_hosts, ips)
+    pssh_note = (
+        f"parallel-ssh not installed ({INSTALL_HINT})"
+        if pssh_missing
+        else "parallel-ssh (pssh.clients.ParallelSSHClient, libssh2) has no known_hosts option: it connected "
+        f"without checking host keys ({kh}); paramiko checked them (RejectPolicy)"
+    )
+    common = {"section": "peers: ssh fan-out", "unit": "ms", "samples": ours}
+    name = f"run('hostname'), {k} nodes"
+    targets = [Target(150, DESIGN)]
+    return [
+        Figure(
+            name=name,
+            value=median(ours),
+            baseline=median(pssh),
+            baseline_name=f"parallel-ssh, {k} hosts, connect+exec",
+            targets=targets,
+            baseline_samples=pssh,
+            note="; ".join(dict.fromkeys([pssh_note, *notes])),
+            **common,
+        ),
+        Figure(
+            name=name,
+            value=median(ours),
+            baseline=median(para),
+            baseline_name=f"paramiko, {k} threads, connect+exec",
+            targets=targets,
+            baseline_samples=para,
+            **common,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------- kube concurrency
+
+
+def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[Figure]:
+    """20 x ``kube_rounds`` concurrent ssh on a 2-node Kubernetes-backend cluster (API emulator)."""
+    section = "peers: ssh concurrency, kubernetes"
+    try:
+        from tests.kube_emulator import Emulator
+    except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
+        return [
+            Figure(
+                section=section,
+                name="(not measured)",
+                unit="s",
+                value=None,
+                note=f"tests.kube_emulator not importable: {type(exc).__name__}: {exc}",
+            )
+        ]
+    import pytest_sky
+    from pytest_sky import run_command_in_parallel
+
+    k = 20
+    total = k * plan.kube_rounds
+    walls: list[float] = []
+    per_conn: list[float] = []
+    ok = 0
+    failures: list[str] = []
+    progress(f"peers kube: emulator with 3 nodes, 2-node cluster, {plan.kube_rounds} rounds of {k} ssh")
+    with Emulator(nodes=3) as emu:
+        c = pytest_sky.launch(
+            num_nodes=2,
+            name=namer("kube"),
+            backend="kubernetes",
+            backend_options={"kubeconfig": str(emu.kubeconfig_path)},
+        )
+        try:
+            argv = ["ssh", "-F", c.ssh_config, c.name, "echo hi"]
+            run_command_in_parallel(argv, 2, 2, timeout=60, fail_fast=False)  # warm-up
+            for _ in range(plan.kube_rounds):
+                t0 = time.perf_counter()
+                results = run_command_in_parallel(argv, k, k, timeout=60, fail_fast=False)
+                walls.append(time.perf_counter() - t0)
+                for r in results:
+                    if r.returncode == 0 and r.output.strip() == "hi":
+                        ok += 1
+                    else:
+                        failures.append(f"exit {r.returncode}: {r.output.strip()[-200:]}")
+                per_conn.extend(r.seconds for r in results)
+        finally:
+            c.down()
+    by_name = {f.name: f for f in local if f.section == "ssh concurrency"}
+
+    def base(local_name: str) -> tuple[float | None, list[float]]:
+        f = by_name.get(local_name)
+        return (f.value, f.samples) if f is not None else (None, [])
+
+    note = f"{len(failures)} failed; first: {failures[0]}" if failures else ""
+    label = "local backend, same run"
+    wall_med, wall_samples = base("round wall time, median")
+    p50, p50_samples = base("per-connection latency, p50")
+    p95, p95_samples = base("per-connection latency, p95")
+    return [
+        Figure(
+            section=section,
+            name=f"{k} concurrent ssh x {plan.kube_rounds} rounds: succeeded",
+            unit="count",
+            value=ok,
+            total=total,
+            targets=[Target(total, DESIGN, at_least=True)],
+            note=note,
+        ),
+        Figure(
+            section=section,
+            name="round wall time, median",
+            unit="s",
+            value=median(walls),
+            baseline=wall_med,
+            baseline_name=label,
+            samples=walls,
+            baseline_samples=wall_samples,
+        ),
+        Figure(
+            section=section,
+            name="per-connection latency, p50",
+            unit="s",
+            value=percentile(per_conn, 50),
+            baseline=p50,
+            baseline_name=label,
+            samples=per_conn,
+            baseline_samples=p50_samples,
+        ),
+        Figure(
+            section=section,
+            name="per-connection latency, p95",
+            unit="s",
+            value=percentile(per_conn, 95),
+            baseline=p95,
+            baseline_name=label,
+            samples=per_conn,
+            baseline_samples=p95_samples,
+        ),
+    ]

@@ -1,0 +1,128 @@
+"""Reliability under the conditions CI really has: parallel workers, crashes, lost agents, churn."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky.backends import netns
+from pytest_sky.job import JobStatus
+
+SLOW = pytest.mark.skipif(
+    os.environ.get("PYTEST_SKY_SLOW") != "1", reason="slow: run with PYTEST_SKY_SLOW=1 (see README, Reliability)"
+)
+SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def our_links(home: Path) -> list[str]:
+    return [n for n in os.listdir("/sys/class/net") if n.startswith("psky") and str(home) in netns.link_alias(n)]
+
+
+def test_killed_head_agent_fails_the_job_and_stops_every_rank(home: Path):
+    with pytest_sky.launch(num_nodes=2, name="rel-agent") as c:
+        job = c.submit("sleep 93")
+        deadline = time.monotonic() + 15
+        while job.status != JobStatus.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        agent_pid = job.info()["pid"]  # in the head's PID namespace
+        start = time.monotonic()
+        c.run(f'[ "$SKYPILOT_NODE_RANK" = 0 ] && kill -9 {agent_pid}; true')
+        assert job.wait(15) == JobStatus.FAILED
+        assert time.monotonic() - start < 5
+        assert "agent died" in job.error
+        deadline = time.monotonic() + 10
+        while True:  # its ranks lose their lifeline and stop
+            left = c.run("pgrep -f '^sleep 93' | wc -l")
+            if [r.stdout.strip() for r in left.ranks] == ["0", "0"] or time.monotonic() > deadline:
+                break
+        assert [r.stdout.strip() for r in left.ranks] == ["0", "0"]
+
+
+def test_doctor_lists_what_is_left_and_down_all_removes_it(home: Path):
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    code = (
+        "import os, pytest_sky\n"
+        "pytest_sky.launch(num_nodes=2, name='rel-doctor')\n"
+        "os._exit(0)  # the owner dies without tearing down\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 1
+    assert "record rel-doctor (owner pid" in doctor.stdout and "link psky" in doctor.stdout
+    subprocess.run([SCRIPT, "down", "--all"], env=env, check=True, timeout=120)
+    assert our_links(home) == []
+    doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert not [line for line in doctor.stdout.splitlines() if str(home) in line or "rel-doctor" in line]
+
+
+def test_xdist_worker_crash_is_cleaned_up_by_the_next_run(pytester: pytest.Pytester, home: Path):
+    pytester.makepyfile(
+        test_inner="""
+        import os, pytest
+
+        @pytest.mark.multinode
+        def test_crash(sky_cluster):
+            os._exit(3)  # the xdist worker dies with a cluster up
+
+        @pytest.mark.multinode
+        def test_fine(sky_cluster):
+            assert sky_cluster.run("true").returncode == 0
+        """
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*crashed*"])
+    # The crashed worker's cluster is recorded (unless a replacement worker reaped it already).
+    left = [json.loads(p.read_text())["name"] for p in (home / "clusters").glob("*/record.json")]
+    assert all("crash" in name for name in left)
+    pytester.makepyfile(test_second="def test_nothing():\n    pass\n")
+    again = pytester.runpytest_subprocess("test_second.py", "-p", "no:cacheprovider")
+    if left:
+        again.stdout.fnmatch_lines([f"*reaped 1 cluster(s) left by a killed run: {left[0]}*"])
+    assert list((home / "clusters").glob("*/record.json")) == []
+    assert our_links(home) == []
+
+
+def test_eight_multinode_tests_on_four_workers(pytester: pytest.Pytester, home: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    pytester.makepyfile(
+        test_inner=f"""
+        import json, pathlib, pytest
+
+        @pytest.mark.multinode(num_nodes=2)
+        @pytest.mark.parametrize("i", range(8))
+        def test_many(sky_cluster, i):
+            res = sky_cluster.run("hostname")
+            assert res.returncode == 0
+            pathlib.Path({str(out)!r}, str(i)).write_text(json.dumps([sky_cluster.name, sky_cluster.node_ips]))
+        """
+    )
+    result = pytester.runpytest_subprocess("-n", "4", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    seen = [json.loads(p.read_text()) for p in out.iterdir()]
+    assert len({name for name, _ in seen}) == 8
+    assert our_links(home) == []
+
+
+@SLOW
+def test_two_hundred_launch_teardown_cycles_leave_nothing(home: Path):
+    for i in range(200):
+        with pytest_sky.launch(num_nodes=2, name=f"cycle-{i}") as c:
+            assert len(c.node_ips) == 2
+    assert our_links(home) == []
+    assert list((home / "clusters").glob("*/record.json")) == []
