@@ -214,3 +214,45 @@ def test_dropped_port_forward_fails_the_run_clearly_and_the_next_one_reconnects(
         assert isinstance(err, RunError) and "\n" not in str(err), err
         assert c.run("echo back").returncode == 0  # a new port-forward, a new connection
     assert ours(emu3, "k8s-drop") == []
+
+
+def test_evicted_worker_pod_fails_the_job_naming_the_rank(home: Path, emu3: Emulator):
+    import time
+
+    from pytest_sky.job import JobStatus
+
+    with launch(emu3, "k8s-evict", num_nodes=3) as c:
+        job = c.submit("echo started; sleep 90")
+        deadline = time.monotonic() + 30
+        while "started" not in job.logs():
+            assert time.monotonic() < deadline, "the job never started"
+        api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+        start = time.monotonic()
+        api.delete_namespaced_pod("k8s-evict-worker2", "default", grace_period_seconds=0)
+        assert job.wait(30) == JobStatus.FAILED
+        assert time.monotonic() - start < 5
+        assert "rank 2" in job.error, job.error
+    assert ours(emu3, "k8s-evict") == []
+
+
+def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester, home: Path, emu3: Emulator):
+    pytester.makepyfile(
+        test_inner="""
+        import pytest
+
+        @pytest.mark.multinode(num_nodes=2)
+        @pytest.mark.parametrize("i", range(4))
+        def test_many(sky_cluster, i):
+            res = sky_cluster.run("hostname")
+            assert res.returncode == 0
+            assert res.ranks[1].stdout.strip() == sky_cluster.name + "-worker1"
+        """
+    )
+    os.environ["KUBECONFIG"] = str(emu3.kubeconfig_path)
+    try:
+        result = pytester.runpytest_subprocess("--kubernetes", "-n", "4", "-p", "no:cacheprovider")
+    finally:
+        del os.environ["KUBECONFIG"]
+    result.assert_outcomes(passed=4)
+    api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+    assert api.list_namespaced_pod("default", label_selector="app.kubernetes.io/managed-by=pytest-sky").items == []
