@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, runner
+from pytest_sky.agent import encode_spec
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.backends.netns import is_alive, process_start_time
@@ -134,7 +135,7 @@ class Cluster:
         self._check_fits(task)
         self._sync(task)
         spec = self._spec(task, env)
-        code, out = self._agent(["submit"], stdin=json.dumps(spec).encode() + b"\n")
+        code, out = self._agent(["submit"], stdin=encode_spec(spec))
         try:
             event = json.loads(out.splitlines()[-1])
         except (ValueError, IndexError):

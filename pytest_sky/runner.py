@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_sky.agent import line_prefix
+from pytest_sky.agent import encode_spec, line_prefix
 from pytest_sky.errors import RunError, RunTimeoutError
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def run(
     chan = transport.open_session()
     try:
         chan.exec_command(f"{python} -I -S {agent_path} run")
-        chan.sendall(json.dumps(spec).encode() + b"\n")
+        chan.sendall(encode_spec(spec))
         collector = _Collector(spec, on_line)
         buf = b""
         while collector.done is None:
