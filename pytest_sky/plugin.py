@@ -49,7 +49,6 @@ class SkySettings:
 class _SessionState:
     settings: SkySettings
     started: float = field(default_factory=time.time)
-    kept: list[Cluster] = field(default_factory=list)
     live: list[Cluster] = field(default_factory=list)
 
 
@@ -241,9 +240,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(_state_key, None)
     if state is None:
         return
-    for cluster in list(state.live):
-        if not cluster.is_down and cluster not in state.kept:
-            cluster.down()
+    if not state.settings.keep_clusters:
+        for cluster in list(state.live):
+            if not cluster.is_down:
+                cluster.down()
     state.live.clear()
 
 
@@ -342,8 +342,6 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     def _track(cluster: Cluster) -> None:
         mine.append(cluster)
         state.live.append(cluster)
-        if settings.keep_clusters:
-            state.kept.append(cluster)
 
     try:
         yield factory
