@@ -43,23 +43,55 @@ def line_prefix(rank: int, name: str, pid: int, ip: str, num_nodes: int, task_na
 # ---------------------------------------------------------------------------- rank supervisor
 
 # One rank on one node, in bash: a Python supervisor cost ~30 ms of interpreter start per
-# node per run, this costs ~3.  The script runs in a session of its own (so its whole process
-# group can be signalled) and prints its pid before anything else; the supervisor waits and
-# exits with the script's status.
+# node per run, this costs ~3.  The script runs in a session of its own and prints its pid
+# before anything else; the supervisor waits and exits with the script's status.
+#
+# The job owns every process it starts, on every node, whatever sessions they make and
+# whoever their parent is.  The kernel keeps that account: the script enters a cgroup of its
+# own (a child of the node's, where cgroup2 is mounted writable, as on local nodes) before it
+# runs.  Where cgroups are read-only (a Kubernetes pod), every process is told apart by a
+# token in its environment, inherited across setsid, daemonising and reparenting alike.
+#
 # Its stdin is the lifeline: when the head closes it (the run failed elsewhere, timed out, was
-# cancelled, or the client went away) the script's process group gets SIGTERM, then SIGKILL.
-# Whatever the script leaves running in its group is killed when it ends.
+# cancelled, or the client went away) every process of the job gets SIGTERM, a grace to stop
+# its own children (torchrun stops its workers), then SIGKILL: cgroup.kill, one write.
+# Whatever the script leaves running when it ends is killed at once.
 RANK_SUPERVISOR = r"""
 exec 3<&0
-setsid /bin/bash -c 'echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" </dev/null 2>&1 &
+stop=
+trap stop=1 USR1
+cg= r=
+while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
+[ -n "$r" ] && mkdir "$r/psky-job-$$" 2>/dev/null && cg=$r/psky-job-$$
+tag=psky-$$-$RANDOM$RANDOM
+PSKY_JOB_SCOPE=$tag setsid /bin/bash -c '[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
+echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
 pid=$!
-{ while read -r _; do :; done
-  kill -TERM -- -"$pid" 2>/dev/null; sleep 2; kill -KILL -- -"$pid" 2>/dev/null; } <&3 >/dev/null 2>&1 &
+{ while read -r _; do :; done; kill -USR1 $$; } <&3 >/dev/null 2>&1 &
 life=$!
 exec 3<&-
+members() {
+  m=
+  if [ -d "$cg" ]; then IFS= read -r -d '' m <"$cg/cgroup.procs"; return 0; fi
+  for d in /proc/[0-9]*; do
+    while IFS= read -r -d '' kv; do
+      [ "$kv" = "PSKY_JOB_SCOPE=$tag" ] && { m="$m ${d#/proc/}"; break; }
+    done 2>/dev/null <"$d/environ"
+  done
+}
+signal() {
+  [ "$1" = KILL ] && [ -d "$cg" ] && echo 1 >"$cg/cgroup.kill" && return
+  kill -"$1" -- -"$pid"; members; [ -z "$m" ] || kill -"$1" $m
+}
+settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
+{
 wait "$pid"; code=$?
-kill -KILL -- -"$pid" 2>/dev/null
-kill "$life" 2>/dev/null
+if [ -n "$stop" ]; then signal TERM; settle 50; fi
+signal KILL; settle 100
+[ -z "$stop" ] || { wait "$pid"; code=$?; }
+[ -z "$cg" ] || rmdir "$cg"
+kill "$life"
+} >/dev/null 2>&1
 exit "$code"
 """
 

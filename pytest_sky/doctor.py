@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pytest_sky.backends import netns
 from pytest_sky.backends.netns import LINK_PREFIX, link_alias
 
 
@@ -29,21 +30,15 @@ def link_owners() -> dict[str, str]:
 
 def node_processes() -> list[tuple[int, str]]:
     """(pid, command line) of node processes: their unshare parents, init scripts and sshds."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] == "Z":
-            continue
-        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        if "psky-node:" in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd):
-            found.append((int(entry), cmd[:200]))
-    return found
+    return netns.node_processes()
+
+
+def node_cgroups() -> list[str]:
+    """Node cgroups of ours on the host (named as their veths): each dies with its node."""
+    root = netns.cgroup2_root()
+    if root is None:
+        return []
+    return sorted(str(p) for p in root.glob(f"{LINK_PREFIX}*") if p.is_dir())
 
 
 def leftovers(store_root: Path | None = None) -> list[str]:
@@ -52,6 +47,7 @@ def leftovers(store_root: Path | None = None) -> list[str]:
 
     out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]
     out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
+    out += [f"cgroup {path}" for path in node_cgroups()]
     try:
         for record in StateStore(store_root).records():
             if not record.keep and not owner_alive(record):

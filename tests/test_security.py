@@ -439,3 +439,36 @@ def test_envs_and_task_name_arrive_literally(pair: Pair, tmp_path: Path) -> None
     assert f"({name}, pid=" in named.output, named.output
     assert not (pair.node_home(pair.a, 0) / "c1").exists()
     assert not (pair.node_home(pair.a, 0) / "c2").exists()
+
+
+def test_a_root_task_cannot_route_through_a_forwarding_host_to_another_cluster(tmp_path: Path) -> None:
+    """A task is root in its node: it may add a default route via its bridge.  On a host that
+    forwards IPv4 (Docker and VPN hosts do), the host would then route it to other clusters
+    and beyond; our bridges refuse to forward, so it reaches nothing outside its cluster.
+
+    The host's ``ip_forward`` is set to 1 for this test (before the clusters exist, as on such
+    a host) and restored after it."""
+    flag = Path("/proc/sys/net/ipv4/ip_forward")
+    before = flag.read_text().strip()
+    tag = os.getpid() % 10000
+    a = b = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+        try:
+            flag.write_text("1")
+            a = pytest_sky.launch(num_nodes=2, name=f"fwda-{tag}")
+            b = pytest_sky.launch(num_nodes=1, name=f"fwdb-{tag}")
+            gw_a, gw_b = a.node_ips[0].rsplit(".", 1)[0] + ".1", b.node_ips[0].rsplit(".", 1)[0] + ".1"
+            assert b.run(f"ip route add default via {gw_b}").returncode == 0
+            probe = (
+                f"ip route add default via {gw_a} && "
+                f"timeout 3 python3 -c 'import socket; socket.create_connection((\"{b.node_ips[0]}\", 22), 2)'"
+            )
+            res = a.run(head_only(probe), timeout=60)
+            assert res.returncode != 0, f"a node reached another cluster through the host: {res.output}"
+            assert a.run("true").returncode == 0  # its own cluster still works
+        finally:
+            flag.write_text(before)
+            for cluster in (b, a):
+                if cluster is not None:
+                    cluster.down()

@@ -9,6 +9,7 @@ same Python and tools as the test that launched them; each has its own home.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import random
@@ -119,13 +120,20 @@ class LocalBackend(Backend):
     cloud_label = "Local"
 
     def __init__(
-        self, mtu: int | None = None, ready_timeout: float = READY_TIMEOUT, devices: list[str] | None = None
+        self,
+        mtu: int | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+        devices: list[str] | None = None,
+        node_cgroups: str = "rw",
     ) -> None:
         self.mtu = int(mtu or os.environ.get("PYTEST_SKY_MTU") or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
             raise ProvisionError(f"MTU must be between 1280 and 65535, got {self.mtu} (PYTEST_SKY_MTU)")
         self.ready_timeout = ready_timeout
         self._devices = devices
+        #: How nodes see their cgroup: "rw" as a machine does; "ro" as a Kubernetes pod does
+        #: (tests of the agent's fallback for pods use it).
+        self.node_cgroups = node_cgroups
         self._nodes: dict[str, list[netns.NodeProcess]] = {}
 
     # -- interface -------------------------------------------------------------------------
@@ -194,6 +202,11 @@ class LocalBackend(Backend):
                 for r in range(request.num_nodes)
             ]
             specs = self._write_node_dirs(request, nodes, index)
+            # Intent before action: a run killed while its nodes start leaves a record from
+            # which the next run's reaper finds them (their cgroups, their command lines).
+            record.backend_data["cgroups"] = [str(netns.node_cgroup(s.veth) or "") for s in specs]
+            record.backend_data["node_dirs"] = str(request.cluster_dir / "nodes") + "/"
+            request.checkpoint(record)
             started = netns.start_nodes(
                 specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
             )
@@ -222,14 +235,9 @@ class LocalBackend(Backend):
             netns.stop_nodes(tools["ip"], started)
         else:
             netns.delete_links(tools["ip"], data.get("veths", []))
-            pids: list[int] = []
-            for node in data.get("nodes", []):
-                if netns.is_alive(node["pid"], node.get("start_time")):
-                    init = node.get("init_pid") or 0
-                    if init and _is_child_of(init, node["pid"]):
-                        pids.append(init)
-                    pids.append(node["pid"])
-            netns.kill_and_wait(pids)
+            netns.reap_nodes(
+                data.get("nodes", []), cgroups=data.get("cgroups", []), node_dirs=data.get("node_dirs", "")
+            )
         if data.get("bridge"):
             netns.delete_links(tools["ip"], [data["bridge"]])
 
@@ -247,10 +255,14 @@ class LocalBackend(Backend):
         return True
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
-        """Bridges of ours that no cluster owns: a cluster directory under ``clusters_dir``
-        with no record left, or no owner at all because its creator died between creating
-        it and naming its owner (alias empty, never brought up).  A bridge with nodes
-        attached, or owned by anything else (another state directory, the emulator), stays."""
+        """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.
+
+        A bridge is a stray when its alias names a cluster directory under ``clusters_dir``
+        with no record left, or when it has no owner at all, seen under the exclusive
+        :func:`netns.link_lock`: creators name their bridges while holding it shared, so an
+        unnamed one is a creator's that died in between (no timing guesses).  A bridge with
+        nodes attached, or owned by anything else (another state directory, the emulator),
+        stays."""
         import re
 
         def stray(name: str) -> bool:
@@ -259,38 +271,48 @@ class LocalBackend(Backend):
                 return False
             owner = netns.link_alias(name)
             if not owner:
-                try:
-                    flags = int((base / "flags").read_text(), 16)
-                except (OSError, ValueError):
-                    return False
-                return not flags & 0x1  # IFF_UP: create_bridge brings it up right after naming it
+                return True
             path = Path(owner)
             return path.parent == clusters_dir and not (path / "record.json").exists()
 
-        candidates = [n for n in os.listdir("/sys/class/net") if stray(n)]
-        if not candidates:
-            return []
-        time.sleep(0.5)  # a bridge being created right now gets its owner and ports within this
-        doomed = [n for n in candidates if stray(n)]
-        if doomed:
-            netns.delete_links(netns.require_tools()["ip"], doomed)
+        with netns.link_lock(exclusive=True):
+            doomed = [n for n in os.listdir("/sys/class/net") if stray(n)]
+            if doomed:
+                netns.delete_links(netns.require_tools()["ip"], doomed)
+        root = netns.cgroup2_root()
+        if root is not None:
+            for path in root.glob(f"{netns.LINK_PREFIX}*"):
+                match = re.fullmatch(rf"({netns.LINK_PREFIX}\d+)[np]\d+", path.name)
+                if match and not netns.link_exists(match.group(1)):
+                    try:
+                        path.rmdir()  # only an empty one: a populated cgroup is a live node's
+                        doomed.append(f"cgroup {path.name}")
+                    except OSError:
+                        pass
         return doomed
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _lease_subnet(self, ip: str, owner: str) -> int:
+        """A free /24 of 198.18.0.0/15: no bridge of ours on it, and no route of the host's
+        (a VPN, a fake-IP DNS tool) overlapping it."""
         mtu = self.mtu
+        routed = [ipaddress.ip_network(dst, strict=False) for dst in netns.routed_networks(ip)]
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
             if netns.link_exists(bridge_name(index)):
                 continue
             subnet, base = subnet_of(index)
+            net = ipaddress.ip_network(subnet)
+            if any(net.overlaps(r) for r in routed if r.version == 4):
+                continue
             if netns.create_bridge(ip, bridge_name(index), base + "1", 24, subnet, mtu, owner):
                 return index
         raise ProvisionError(
-            f"all {NUM_SUBNETS} local cluster subnets are in use: tear clusters down with "
-            "`pytest-sky down --all` (or look for psky* bridges with `ip link`)"
+            f"all {NUM_SUBNETS} local cluster subnets are in use or routed elsewhere on this host: tear "
+            "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
+            "198.18.0.0/15 with `ip link` and `ip route show table all`)"
         )
 
     def _write_node_dirs(self, request: ProvisionRequest, nodes: list[NodeAddress], index: int) -> list[netns.NodeSpec]:
@@ -321,7 +343,13 @@ class LocalBackend(Backend):
                     dest.write_bytes(content)
                     os.chmod(dest, mode)
             specs.append(
-                netns.NodeSpec(hostname=node.hostname, ip=node.ip, root=root, veth=veth_name(index, node.rank))
+                netns.NodeSpec(
+                    hostname=node.hostname,
+                    ip=node.ip,
+                    root=root,
+                    veth=veth_name(index, node.rank),
+                    cgroup_mode=self.node_cgroups,
+                )
             )
         return specs
 
@@ -370,14 +398,6 @@ class LocalBackend(Backend):
         if errors:
             first = sorted(errors.items())[0]
             raise ProvisionError(f"node {first[0]} did not come up: {first[1]}")
-
-
-def _is_child_of(pid: int, parent: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return int(stat[stat.rindex(")") + 2 :].split()[1]) == parent
 
 
 def _copy(src: Path, dest: Path) -> None:

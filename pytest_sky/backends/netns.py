@@ -1,8 +1,16 @@
 """Namespace nodes: the primitive under the local backend (and the emulator's kubelet).
 
-A node is one process tree started by ``unshare`` in fresh network, UTS, mount and PID
-namespaces, with OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster
+A node is one process tree started by ``unshare`` in fresh network, UTS, mount, PID and
+cgroup namespaces, with OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster
 bridge, a private ``/run`` and bind-mounted ``/etc/passwd`` and ``/etc/hosts``.
+
+Why a cgroup per node: the kernel's own accounting of every process the node ever started,
+whatever sessions they made or whoever their parent was.  The host kills a whole node with
+one write (``cgroup.kill``), and inside the node (a cgroup namespace with cgroup2 mounted on
+``/sys/fs/cgroup``, as a container has) the agent gives each job's rank a child cgroup of
+its own, so a failed or cancelled job leaves nothing running.  Where the host's cgroup2
+hierarchy is missing or read-only, nodes start without one and the agent falls back to
+walking processes (``agent.RANK_SUPERVISOR``).
 
 Why not ``ip netns add``: a named namespace is a bind mount under ``/run/netns`` that every
 later node's mount namespace copies, which keeps deleted namespaces (and their veths)
@@ -17,6 +25,8 @@ thing to start.
 from __future__ import annotations
 
 import errno
+import fcntl
+import functools
 import logging
 import os
 import select
@@ -24,8 +34,10 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +65,7 @@ route change $PSKY_SUBNET dev eth0 proto kernel scope link src $PSKY_IP quickack
 EOF
 mount -t tmpfs -o mode=755,size=64m psky-run /run
 mount -t sysfs psky-sys /sys
+[ -z "$PSKY_CGROUP" ] || mount -t cgroup2 -o "$PSKY_CGROUP,nosuid,nodev,noexec" psky-cgroup /sys/fs/cgroup
 mkdir -m 755 /run/sshd
 mount --bind "$PSKY_ROOT/etc/passwd" /etc/passwd
 mount --bind "$PSKY_ROOT/etc/hosts" /etc/hosts
@@ -82,6 +95,10 @@ class NodeSpec:
     #: command); its output goes to the node's log.  ``env`` is added to its environment.
     command: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: How the node sees its own cgroup: "rw" (a machine: jobs get cgroups of their own), "ro"
+    #: (a Kubernetes pod, whose cgroupfs is read-only) or "" (no cgroup namespace).  The host
+    #: gives the node a cgroup of its own whenever it can, whatever the node sees.
+    cgroup_mode: str = "rw"
 
 
 @dataclass
@@ -96,6 +113,7 @@ class NodeProcess:
     init_pid: int
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None  # the node's cgroup on the host, when it has one
 
 
 def require_tools() -> dict[str, str]:
@@ -204,26 +222,34 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
 
     Creating the link is atomic in the kernel, which makes the bridge name a race-free lease
     on its subnet across processes, xdist workers and state directories alike.  ``owner``
-    (the cluster's directory) goes into the link's alias, so a leftover link says whose it is.
+    (the cluster's directory) goes into the link's alias, so a leftover link says whose it is;
+    until it is there the creator holds :func:`link_lock` (shared), so a reaper (exclusive)
+    never takes a bridge being created for a stray.
     """
-    proc = subprocess.run(
-        # A fixed address: a bridge otherwise takes the lowest address among its ports, and
-        # when that port leaves (a node dies) every node's ARP entry for the bridge goes stale
-        # for seconds, stalling the client's connection to the head.
-        [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), "type", "bridge"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if proc.returncode != 0:
-        if "exists" in proc.stderr:
-            return False
-        raise ProvisionError(f"could not create bridge {name}: {proc.stderr.strip()}")
+    with link_lock(exclusive=False):
+        proc = subprocess.run(
+            # A fixed address: a bridge otherwise takes the lowest address among its ports, and
+            # when that port leaves (a node dies) every node's ARP entry for the bridge goes stale
+            # for seconds, stalling the client's connection to the head.
+            [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), "type", "bridge"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if proc.returncode != 0:
+            if "exists" in proc.stderr:
+                return False
+            raise ProvisionError(f"could not create bridge {name}: {proc.stderr.strip()}")
+        try:
+            set_alias(name, owner)
+        except BaseException:
+            delete_links(ip, [name])
+            raise
     try:
         # Bridged frames between nodes of one cluster; no STP delay, no forwarding delay.
         Path(f"/sys/class/net/{name}/bridge/forward_delay").write_text("0")
-        set_alias(name, owner)
+        disable_forwarding(name)
         ip_batch(
             ip,
             [
@@ -236,6 +262,62 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
         delete_links(ip, [name])
         raise
     return True
+
+
+@contextmanager
+def link_lock(*, exclusive: bool) -> Iterator[None]:
+    """The one ownership signal between creators of bridges (shared: they never wait on each
+    other) and reapers (exclusive): a bridge without an owner seen under the exclusive lock
+    is not being created, so its creator died between creating and naming it."""
+    base = Path("/run/lock") if os.path.isdir("/run/lock") else Path(tempfile.gettempdir())
+    fd = os.open(base / "pytest-sky-links.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def disable_forwarding(link: str) -> None:
+    """No routing for what arrives on our bridge, whatever the host's ``ip_forward`` says.
+
+    A task is root in its node: with ``ip route add default via <bridge ip>`` it would
+    otherwise reach the host's other networks and other clusters through a host that
+    forwards.  Frames between one cluster's nodes are bridged, not routed, and still flow.
+    (Setting ``net.ipv4.ip_forward`` later resets every interface's value: the kernel's rule.)
+    """
+    for family in ("ipv4", "ipv6"):
+        path = Path(f"/proc/sys/net/{family}/conf/{link}/forwarding")
+        try:
+            path.write_text("0")
+        except OSError:
+            if family == "ipv4":
+                raise
+
+
+def routed_networks(ip: str) -> list[str]:
+    """Destinations (``a.b.c.d/len``) the host already routes, over links that are not ours.
+
+    A VPN or a fake-IP DNS tool may own part of 198.18.0.0/15; a cluster there would shadow
+    it, or be shadowed.  Every routing table counts; a default route does not (every subnet
+    is more specific than it).
+    """
+    import json
+
+    proc = subprocess.run(
+        [ip, "-j", "-4", "route", "show", "table", "all"], capture_output=True, text=True, timeout=30, check=False
+    )
+    try:
+        routes = json.loads(proc.stdout or "[]")
+    except ValueError:
+        return []
+    out = []
+    for route in routes:
+        dst = route.get("dst", "")
+        if not dst or dst == "default" or str(route.get("dev", "")).startswith(LINK_PREFIX):
+            continue
+        out.append(dst if "/" in dst else dst + "/32")
+    return out
 
 
 def _local_mac() -> str:
@@ -262,6 +344,111 @@ def delete_links(ip: str, names: Sequence[str]) -> None:
     present = [n for n in names if link_exists(n)]
     if present:
         ip_batch(ip, [f"link del {n}" for n in present], force=True)
+
+
+# ---------------------------------------------------------------------------- node cgroups
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup2_root() -> Path | None:
+    """Where this host's cgroup v2 hierarchy is mounted, if we may create cgroups in it.
+
+    Most hosts mount it on ``/sys/fs/cgroup``; hybrid ones (v1 controllers beside it) on
+    ``/sys/fs/cgroup/unified``: ``/proc/mounts`` says which.
+    """
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup2" and "ro" not in fields[3].split(","):
+            root = Path(fields[1].replace("\\040", " "))
+            if os.access(root / "cgroup.procs", os.W_OK) and os.access(root, os.W_OK):
+                return root
+    return None
+
+
+def node_cgroup(name: str) -> Path | None:
+    """The host-side cgroup of the node whose veth is ``name`` (unique while the link is ours)."""
+    root = cgroup2_root()
+    return root / name if root is not None else None
+
+
+def _make_cgroup(path: Path) -> bool:
+    """Create a node's cgroup, empty; False where this host will not give us one."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        kill_cgroups([path])  # a leftover of a killed run under the same (leased) name
+        try:
+            path.mkdir()
+        except OSError:
+            return False
+    except OSError:
+        return False
+    return True
+
+
+def _populated(path: Path) -> bool:
+    try:
+        return "populated 1" in (path / "cgroup.events").read_text()
+    except OSError:
+        return False
+
+
+def kill_cgroups(paths: Sequence[Path | str | None], timeout: float = 10.0) -> list[str]:
+    """Kill every process in each cgroup and its descendants (one write each), wait until
+    they are empty and remove them, innermost first; returns those still there at the deadline."""
+    live = [Path(p) for p in paths if p and os.path.isdir(p)]
+    for path in live:
+        try:
+            (path / "cgroup.kill").write_text("1")
+        except OSError:  # before Linux 5.14: signal each member until none is left
+            for sub in _cgroup_tree(path):
+                _kill_members(sub)
+    deadline = time.monotonic() + timeout
+    left = []
+    for path in live:
+        for sub in _cgroup_tree(path):
+            if not _remove_cgroup(sub, deadline):
+                left.append(str(sub))
+    return left
+
+
+def _cgroup_tree(path: Path) -> list[Path]:
+    """``path`` and every cgroup below it, deepest first (the order rmdir needs)."""
+    tree = [Path(top) / d for top, dirs, _ in os.walk(path) for d in dirs]
+    return [*sorted(tree, key=lambda p: len(p.parts), reverse=True), path]
+
+
+def _remove_cgroup(path: Path, deadline: float) -> bool:
+    delay = 0.001
+    while True:
+        try:
+            path.rmdir()  # fails while a process (not a zombie) is still in it
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+        if _populated(path):
+            _kill_members(path)
+        time.sleep(delay)  # the kernel frees exiting tasks asynchronously
+        delay = min(delay * 2, 0.02)
+
+
+def _kill_members(path: Path) -> None:
+    try:
+        pids = (path / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def start_nodes(
@@ -320,12 +507,20 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict
         "PSKY_COMMAND": shlex.join(spec.command) if spec.command else "",
     }
     env.update(spec.env)
+    cgroup = node_cgroup(spec.veth)
+    if cgroup is not None and not _make_cgroup(cgroup):
+        cgroup = None
+    # The node enters its cgroup before unshare, so the namespace's root is that cgroup.
+    enter = ["/bin/sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', str(cgroup)] if cgroup else []
+    env["PSKY_CGROUP"] = spec.cgroup_mode if cgroup else ""
     argv = [
+        *enter,
         tools["unshare"],
         "--net",
         "--uts",
         "--mount",
         "--pid",
+        *(["--cgroup"] if cgroup else []),
         "--fork",
         "--mount-proc",
         "--propagation",
@@ -338,16 +533,20 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict
     ]
     # A session of its own: Ctrl-C in the terminal reaches pytest, which tears nodes down
     # in order, instead of killing them under it.
-    with open(log_path, "ab") as log_file:
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
+    try:
+        with open(log_path, "ab") as log_file:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+    except BaseException:
+        kill_cgroups([cgroup])
+        raise
     return NodeProcess(
         hostname=spec.hostname,
         ip=spec.ip,
@@ -356,6 +555,7 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict
         init_pid=0,
         log_path=log_path,
         popen=popen,
+        cgroup=cgroup,
     )
 
 
@@ -415,15 +615,31 @@ def is_alive(pid: int, start_time: int | None = None) -> bool:
 
 
 def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    """SIGKILL each pid and wait (pidfd, no polling) until it is gone; returns the survivors."""
+    """SIGKILL each pid and wait until it is gone; returns the survivors.
+
+    With pidfds (Linux 5.3+) the wait is a poll on them and a recycled pid is never hit;
+    without them (an older kernel, or a seccomp filter that refuses the call), each pid is
+    signalled directly and ``/proc`` is polled.
+    """
     fds: dict[int, int] = {}
+    polled: list[int] = []
+    pidfd_open = getattr(os, "pidfd_open", None)
     for pid in pids:
         if pid <= 0:
             continue
         try:
-            fds[pid] = os.pidfd_open(pid)
-        except OSError:
-            continue  # already gone
+            if pidfd_open is None:
+                raise OSError(errno.ENOSYS, "no pidfd_open")
+            fds[pid] = pidfd_open(pid)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                continue  # already gone
+            polled.append(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                polled.pop()
+            continue
         try:
             signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
         except OSError as exc:
@@ -443,15 +659,74 @@ def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
             pending = {p: f for p, f in pending.items() if f != fd}
     for fd in fds.values():
         os.close(fd)
-    return [pid for pid in pending if is_alive(pid)]
+    delay = 0.001
+    while polled and time.monotonic() < deadline:
+        polled = [pid for pid in polled if is_alive(pid)]
+        if polled:
+            time.sleep(delay)  # no pidfd to wait on: /proc is the only signal there is
+            delay = min(delay * 2, 0.05)
+    return [pid for pid in pending if is_alive(pid)] + [pid for pid in polled if is_alive(pid)]
+
+
+def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
+    """(pid, command line) of node processes on this host: the ``unshare`` parents and init
+    scripts (their command line carries ``psky-node:<node dir>``) and the nodes' sshds.
+    With ``marker_prefix``, only the nodes whose directory starts with it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        ours = "psky-node:" in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd)
+        if not ours or process_start_time(int(entry)) is None:
+            continue
+        if marker_prefix and f"psky-node:{marker_prefix}" not in cmd and marker_prefix not in cmd:
+            continue
+        found.append((int(entry), cmd[:200]))
+    return found
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def reap_nodes(recorded: Iterable[dict], *, cgroups: Iterable[str | None] = (), node_dirs: str = "") -> None:
+    """Kill nodes known only from a record, whose owner died: by their recorded cgroups, by
+    their recorded pids (checked against their start times, so a recycled pid is safe), and
+    by ``node_dirs`` (a node directory prefix) for nodes started but not yet recorded when
+    the owner was killed: their command lines name their node directories."""
+    pids: list[int] = []
+    for node in recorded:
+        if is_alive(node["pid"], node.get("start_time")):
+            init = node.get("init_pid") or 0
+            if init and parent_pid(init) == node["pid"]:
+                pids.append(init)
+            pids.append(node["pid"])
+    if node_dirs:
+        for pid, _ in node_processes(node_dirs):
+            pids += [_child_pid(pid), pid]
+    kill_cgroups(list(cgroups))
+    kill_and_wait(pids)
 
 
 def stop_nodes(ip: str, nodes: Sequence[NodeProcess]) -> None:
-    """Remove the links, then kill every node: killing a PID namespace's first process ends
-    every process in it, and the last process leaving frees the network namespace."""
+    """Remove the links, then kill every node: its cgroup at once where it has one, and its
+    first process (which ends every process of its PID namespace); the last process leaving
+    frees the network namespace."""
     delete_links(ip, [n.veth for n in nodes])
     pids = [n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes]
     survivors = kill_and_wait(pids)
+    stuck = kill_cgroups([n.cgroup for n in nodes])
+    if stuck:
+        log.warning("node cgroups not removed: %s", stuck)
     for node in nodes:
         if node.popen is not None:
             try:

@@ -531,6 +531,7 @@ class Kubelet:
             extra_mounts=mounts,
             command=command,
             env=rt.env,
+            cgroup_mode="ro",  # a pod's cgroupfs is read-only, as containerd mounts it
         )
 
     async def _run_once(
@@ -959,24 +960,9 @@ def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] 
             continue
         nodes = list((record.get("nodes") or {}).values())
         netns.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
-        pids = []
-        for node in nodes:
-            if netns.is_alive(node["pid"], node.get("start_time")):
-                init = node.get("init_pid") or 0
-                if init and _parent_of(init) == node["pid"]:
-                    pids.append(init)
-                pids.append(node["pid"])
-        netns.kill_and_wait(pids)
+        netns.reap_nodes(nodes, cgroups=[str(netns.node_cgroup(n["veth"]) or "") for n in nodes if n.get("veth")])
         if record.get("bridge"):
             netns.delete_links(ip, [record["bridge"]])
         shutil.rmtree(record_path.parent, ignore_errors=True)
         reaped.append(str(record_path.parent))
     return reaped
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(")") + 2 :].split()[1])

@@ -1,0 +1,154 @@
+"""Races and silent failures of the local backend, each forced to happen: a reaper racing a
+bridge's creator, a kernel without pidfds, a run killed while its nodes start, a host that
+already routes part of 198.18.0.0/15."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from pytest_sky.backends import local, netns
+from pytest_sky.backends.local import LocalBackend
+from pytest_sky.cluster import reap_orphans
+from pytest_sky.state import StateStore
+
+IP = netns.require_tools()["ip"] if os.geteuid() == 0 else "ip"
+
+
+def free_indexes(count: int) -> int:
+    """A run of ``count`` consecutive subnet indexes (in 198.18.x) with no bridge on them."""
+    for _ in range(1000):
+        start = random.randrange(2, 250 - count)
+        if not any(netns.link_exists(local.bridge_name(i)) for i in range(start, start + count)):
+            return start
+    raise AssertionError("no free subnet indexes")
+
+
+def test_a_reaper_never_deletes_a_bridge_whose_creator_is_still_at_work(tmp_path: Path) -> None:
+    """A creator stalled between creating its bridge and naming its owner, however long:
+    the reaper waits for it (the creators' lock), then sees the owner, and leaves it."""
+    clusters = tmp_path / "clusters"
+    (clusters / "busy").mkdir(parents=True)
+    (clusters / "busy" / "record.json").write_text("{}")
+    index = free_indexes(1)
+    name = local.bridge_name(index)
+    reaped: list[list[str]] = []
+    try:
+        with netns.link_lock(exclusive=False):  # the creator, mid-way
+            subprocess.run([IP, "link", "add", name, "type", "bridge"], check=True)
+            reaper = threading.Thread(target=lambda: reaped.append(LocalBackend().reap_stray_links(clusters)))
+            reaper.start()
+            reaper.join(1.5)  # longer than any grace period a reaper could use
+            assert netns.link_exists(name), "the reaper deleted a bridge while its creator was at work"
+            netns.set_alias(name, str(clusters / "busy"))
+        reaper.join(30)
+        assert reaped == [[]] and netns.link_exists(name)
+    finally:
+        netns.delete_links(IP, [name])
+
+
+def test_a_bridge_whose_creator_died_before_naming_it_is_reaped(tmp_path: Path) -> None:
+    index = free_indexes(1)
+    name = local.bridge_name(index)
+    subprocess.run([IP, "link", "add", name, "type", "bridge"], check=True)  # nobody holds the lock
+    try:
+        assert name in LocalBackend().reap_stray_links(tmp_path / "clusters")
+        assert not netns.link_exists(name)
+    finally:
+        netns.delete_links(IP, [name])
+
+
+def test_a_new_bridge_forwards_nothing(tmp_path: Path) -> None:
+    index = free_indexes(1)
+    name = local.bridge_name(index)
+    subnet, base = local.subnet_of(index)
+    assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
+    try:
+        assert netns.link_alias(name) == str(tmp_path)
+        assert Path(f"/proc/sys/net/ipv4/conf/{name}/forwarding").read_text().strip() == "0"
+    finally:
+        netns.delete_links(IP, [name])
+
+
+def test_kill_and_wait_kills_and_waits_without_pidfds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Linux 5.3 (or under a seccomp filter) pidfd_open fails with ENOSYS: every pid
+    must still be killed and waited for, never taken for gone."""
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    try:
+        assert netns.kill_and_wait([p.pid for p in procs], timeout=5) == []
+        assert [p.poll() for p in procs] == [-9, -9, -9]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_path: Path) -> None:
+    """SIGKILL right after the nodes are spawned and before their pids are in the record: the
+    record already says where they are (cgroups, node directories), so the next run's
+    reaper removes every process, link and cgroup."""
+    home = tmp_path / "state"
+    code = textwrap.dedent(
+        """
+        import os, signal
+        from pytest_sky.backends import netns
+        import pytest_sky
+        real = netns.start_nodes
+        def start_then_die(*a, **kw):
+            real(*a, **kw)
+            os.kill(os.getpid(), signal.SIGKILL)
+        netns.start_nodes = start_then_die
+        pytest_sky.launch(num_nodes=3, name="killed-mid")
+        """
+    )
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    node_dirs = str(home / "clusters" / "killed-mid" / "nodes") + "/"
+    record = StateStore(home).load("killed-mid")
+    assert record is not None
+    cgroups = [c for c in record.backend_data.get("cgroups", []) if c]
+    try:
+        assert len(netns.node_processes(node_dirs)) >= 3  # the nodes outlived their owner
+        assert "killed-mid" in reap_orphans(StateStore(home))
+        assert netns.node_processes(node_dirs) == []
+        assert not any(str(home) in netns.link_alias(n) for n in os.listdir("/sys/class/net"))
+        assert not any(os.path.exists(c) for c in cgroups)
+    finally:  # never leak, even when the reaper under test failed
+        netns.reap_nodes([], cgroups=cgroups, node_dirs=node_dirs)
+        links = [n for n in os.listdir("/sys/class/net") if str(home) in netns.link_alias(n)]
+        netns.delete_links(IP, links + list(record.backend_data.get("veths", [])))
+
+
+def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VPN or fake-IP DNS tool may route part of 198.18.0.0/15 (in a table of its own, as
+    WireGuard does): the lease skips every /24 it overlaps."""
+    start = free_indexes(4)
+    start += start % 2  # a /23 boundary
+    routed = f"198.18.{start}.0/23"
+    subprocess.run([IP, "route", "add", "blackhole", routed, "table", "51820"], check=True)
+    monkeypatch.setattr(local.random, "randrange", lambda n: start)
+    backend = LocalBackend()
+    index = None
+    try:
+        index = backend._lease_subnet(IP, str(tmp_path))
+        assert index not in (start, start + 1), f"leased {local.subnet_of(index)[0]}, inside {routed}"
+        assert index == start + 2
+    finally:
+        subprocess.run([IP, "route", "del", "blackhole", routed, "table", "51820"], check=False)
+        if index is not None:
+            netns.delete_links(IP, [local.bridge_name(index)])

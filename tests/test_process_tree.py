@@ -1,0 +1,120 @@
+"""A job owns every process it starts, on every node: after a failed, timed-out or cancelled
+run, nothing it started is left, not even processes that made a session of their own, were
+daemonised, or lost their parent.  Proven on real nodes with ``pgrep`` on every rank, both
+with the node cgroups of the local backend and with the environment-token fallback that
+Kubernetes pods (read-only cgroupfs) get."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky.backends import netns
+from pytest_sky.errors import RunTimeoutError
+from pytest_sky.job import JobStatus
+
+# Every way a process escapes its rank's process group: a new session, a subshell whose
+# parent exits at once (reparented to the node's init), nohup, a double fork.
+ESCAPES = (
+    "setsid sleep 1001 & (sleep 1002 &); nohup sh -c 'sleep 1003' >/dev/null 2>&1 & "
+    "setsid sh -c 'sleep 1004 & exit'; "
+)
+# The regex does not match its own text (``100[0-9]`` is not ``100`` and a digit).
+COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"
+STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started; '
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@pytest.fixture(params=["cgroup", "fallback"])
+def cluster(request: pytest.FixtureRequest, home: Path):
+    """Two nodes with writable cgroups (local nodes), or with none (as pods see them)."""
+    options = {"node_cgroups": "ro"} if request.param == "fallback" else {}
+    c = pytest_sky.launch(num_nodes=2, name=f"tree-{request.param[:2]}-{os.getpid() % 10000}", backend_options=options)
+    yield c
+    c.down()
+
+
+def left_on_nodes(c) -> list[str]:
+    return [r.stdout.strip() for r in c.run(COUNT).ranks]
+
+
+def test_a_failed_run_leaves_no_process_on_any_node(cluster):
+    start = time.monotonic()
+    res = cluster.run(ESCAPES + STARTED + '[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 3; sleep 1000')
+    assert res.returncode == 3
+    assert all("all-started" in r.stdout for r in res.ranks)  # both ranks got to spawn them
+    assert time.monotonic() - start < 8
+    assert left_on_nodes(cluster) == ["0", "0"]
+
+
+def test_a_timed_out_run_leaves_no_process_on_any_node(cluster):
+    with pytest.raises(RunTimeoutError):
+        cluster.run(ESCAPES + STARTED + "sleep 1000", timeout=4)
+    start = time.monotonic()
+    while left_on_nodes(cluster) != ["0", "0"]:
+        assert time.monotonic() - start < 5, f"still running after 5 s: {left_on_nodes(cluster)}"
+
+
+def test_a_cancelled_job_leaves_no_process_on_any_node(cluster):
+    job = cluster.submit(ESCAPES + STARTED + "sleep 1000")
+    deadline = time.monotonic() + 20
+    while job.logs().count("all-started") < 2:  # the real signal: both ranks said so
+        assert time.monotonic() < deadline, job.logs()
+        time.sleep(0.05)
+    assert job.status == JobStatus.RUNNING
+    assert all(int(n) >= 5 for n in left_on_nodes(cluster))
+    start = time.monotonic()
+    job.cancel()
+    assert job.wait(10) == JobStatus.CANCELLED
+    assert left_on_nodes(cluster) == ["0", "0"]
+    assert time.monotonic() - start < 5
+
+
+def test_a_finished_run_kills_what_it_left_running(cluster):
+    res = cluster.run(ESCAPES + STARTED + "true")
+    assert res.returncode == 0
+    assert left_on_nodes(cluster) == ["0", "0"]
+
+
+def test_torchrun_stops_its_workers_on_sigterm_before_the_kill(cluster):
+    """SIGTERM reaches every process of the job at once, with a grace before cgroup.kill:
+    a process that cleans up on SIGTERM gets to (torchrun stopping its workers)."""
+    script = (
+        "trap 'echo cleaned-$SKYPILOT_NODE_RANK >> ~/cleanup.log; exit 0' TERM; "
+        "echo armed; while :; do sleep 0.05; done"
+    )
+    job = cluster.submit(script)
+    deadline = time.monotonic() + 20
+    while job.logs().count("armed") < 2:
+        assert time.monotonic() < deadline, job.logs()
+        time.sleep(0.05)
+    job.cancel()
+    assert job.wait(10) == JobStatus.CANCELLED
+    res = cluster.run("cat ~/cleanup.log")
+    assert [r.stdout.strip() for r in res.ranks] == ["cleaned-0", "cleaned-1"]
+
+
+def test_nodes_have_cgroups_of_their_own_and_leave_none_behind(home: Path):
+    root = netns.cgroup2_root()
+    assert root is not None, "this host has no writable cgroup2 hierarchy (see /proc/mounts)"
+    c = pytest_sky.launch(num_nodes=2, name=f"tree-cg-{os.getpid() % 10000}")
+    try:
+        paths = [Path(p) for p in c.record.backend_data["cgroups"]]
+        assert all(p.parent == root and p.is_dir() for p in paths)
+        # Inside, a node sees its own cgroup as the root (a cgroup namespace), writable.
+        res = c.run("cat /proc/self/cgroup; ls /sys/fs/cgroup/cgroup.kill")
+        assert res.returncode == 0, res.output
+        v2 = [[line for line in r.stdout.splitlines() if line.startswith("0::")] for r in res.ranks]
+        assert all(lines and lines[0].startswith("0::/psky-job-") for lines in v2), res.output
+    finally:
+        c.down()
+    assert not any(p.exists() for p in paths)
