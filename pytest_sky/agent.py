@@ -79,9 +79,10 @@ members() {
     done 2>/dev/null <"$d/environ"
   done
 }
-signal() {
+signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ "$1" = KILL ] && [ -d "$cg" ] && echo 1 >"$cg/cgroup.kill" && return
-  kill -"$1" -- -"$pid"; members; [ -z "$m" ] || kill -"$1" $m
+  members; [ -z "$m" ] || kill -"$1" $m
+  [ "$1" != KILL ] || kill -KILL -- -"$pid"
 }
 settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
 {
