@@ -305,7 +305,10 @@ class _Rank:
                 "ControlPath=/run/psky-cm-%C",
                 "-o",
                 "ControlPersist=120",
-                # A worker that vanishes (its node killed, its link gone) fails the run in ~3 s.
+                # A worker that vanishes (its node killed, its link gone) fails the run in ~3 s,
+                # also when it vanishes while the connection is still being made.
+                "-o",
+                "ConnectTimeout=4",
                 "-o",
                 "ServerAliveInterval=1",
                 "-o",
