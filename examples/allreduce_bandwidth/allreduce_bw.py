@@ -86,6 +86,9 @@ def main() -> None:
     )
     if rank == 0:
         say(f"GBPS {gbps:.3f}")
+    # Leave in step: no rank may close its sockets (rank 0 hosts the store) while another
+    # still talks to it (see shut_down in examples/torch_ddp/train.py).
+    dist.barrier()
     dist.destroy_process_group()
     if not correct:
         sys.exit(f"rank {rank}: all_reduce result differs from the expected sum {expected:g}")

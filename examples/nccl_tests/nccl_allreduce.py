@@ -70,6 +70,9 @@ def main() -> None:
         f"time_us={seconds * 1e6:.1f} algbw_gbps={algbw:.2f} busbw_gbps={busbw:.2f}",
         flush=True,
     )
+    # Leave in step: no rank may close its sockets (rank 0 hosts the store) while another
+    # still talks to it (see shut_down in examples/torch_ddp/train.py).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -22,6 +22,9 @@ def main() -> None:
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     print(f"rank={rank} world={world} sum={value.item():g}", flush=True)
+    # Leave in step: no rank may close its sockets (rank 0 hosts the store) while another
+    # still talks to it (see shut_down in examples/torch_ddp/train.py).
+    dist.barrier()
     dist.destroy_process_group()
 
 
