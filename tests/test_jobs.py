@@ -66,12 +66,16 @@ def test_failing_rank_fails_the_job_and_names_it(cluster):
 
 def test_cancel_stops_every_rank(cluster):
     marker = f"{time.monotonic_ns() % 100000}"
-    job = cluster.submit(f"sleep 9{marker}")
-    deadline = time.monotonic() + 10
-    while job.status != JobStatus.RUNNING and time.monotonic() < deadline:
+    job = cluster.submit(f"echo up; sleep 9{marker}")
+    deadline = time.monotonic() + 20
+    while job.logs().count(") up") < 2:  # both ranks are running: the cancel stops a live job
+        assert time.monotonic() < deadline, f"the job never ran on both ranks: {job.logs()}"
         time.sleep(0.05)
+    assert job.status == JobStatus.RUNNING
+    running = cluster.run(f"pgrep -fx 'sleep 9{marker}' | wc -l")
+    assert [r.stdout.strip() for r in running.ranks] == ["1", "1"]
     assert job.cancel() == JobStatus.CANCELLED
-    left = cluster.run(f"pgrep -f '[s]leep 9{marker}' | wc -l")
+    left = cluster.run(f"pgrep -fx 'sleep 9{marker}' | wc -l")
     assert [r.stdout.strip() for r in left.ranks] == ["0", "0"]
 
 

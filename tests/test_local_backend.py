@@ -21,6 +21,7 @@ from pytest_sky.backends import netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.errors import ProvisionError, RunTimeoutError, TaskError
 from pytest_sky.state import StateStore
+from tests.unprivileged import AS_NOBODY, AS_ROOT_WITHOUT_CAPS, run_python, world_dir
 
 
 @pytest.fixture(scope="module")
@@ -238,20 +239,13 @@ def test_mtu_option(sky_home: Path):
         LocalBackend(mtu=70000)
 
 
-NO_ROOT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
-NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]  # root, but capabilities dropped
-
-
-@pytest.mark.parametrize("how", [NO_ROOT, NO_CAPS], ids=["unprivileged-user", "root-without-capabilities"])
+@pytest.mark.parametrize(
+    "how", [AS_NOBODY, AS_ROOT_WITHOUT_CAPS], ids=["unprivileged-user", "root-without-capabilities"]
+)
 def test_without_privileges_the_error_says_what_to_do(how: list[str]):
     import shutil
-    import tempfile
 
-    probe = subprocess.run([*how, sys.executable, "-c", "pass"], capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"this interpreter cannot run that way here: {probe.stderr.strip()[:120]}")
-    home = Path(tempfile.mkdtemp(prefix="psky-nonroot-"))  # reachable by an unprivileged user
-    os.chmod(home, 0o777)
+    home = world_dir("psky-nonroot-")  # reachable by an unprivileged user
     code = (
         "import pytest_sky\n"
         "try:\n"
@@ -260,14 +254,7 @@ def test_without_privileges_the_error_says_what_to_do(how: list[str]):
         "    print(e)\n"
     )
     try:
-        proc = subprocess.run(
-            [*how, sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTEST_SKY_HOME": str(home)},
-            timeout=60,
-            check=False,
-        )
+        proc = run_python(how, code, env={"PYTEST_SKY_HOME": str(home)})
     finally:
         shutil.rmtree(home, ignore_errors=True)
     lines = proc.stdout.strip().splitlines()

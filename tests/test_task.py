@@ -10,6 +10,7 @@ import yaml
 from pytest_sky.errors import ResourcesError, TaskError
 from pytest_sky.resources import Accelerator, Resources
 from pytest_sky.task import Task
+from tests.unprivileged import AS_NOBODY, run_python, world_dir
 
 # A SkyPilot-style multi-node PyTorch example, as it would be written for `sky launch`.
 TORCH_TASK = """\
@@ -376,17 +377,30 @@ def test_content_error_in_file_is_prefixed_with_path(tmp_path: Path) -> None:
     assert_one_line(err, f"{path}: num_nodes must be a whole number between 1 and 256")
 
 
-def test_unreadable_file_is_a_task_error(tmp_path: Path) -> None:
-    path = write(tmp_path / "task.yaml", "run: echo\n")
+def test_unreadable_file_is_a_task_error() -> None:
+    """As a user who may not read the file (root reads everything, so run as ``nobody``)."""
+    where = world_dir("psky-unreadable-")
+    path = write(where / "task.yaml", "run: echo\n")
     path.chmod(0)
+    code = (
+        "import sys\n"
+        "from pytest_sky.errors import TaskError\n"
+        "from pytest_sky.task import Task\n"
+        "try:\n"
+        f"    Task.from_yaml({str(path)!r})\n"
+        "except TaskError as e:\n"
+        "    print(e)\n"
+        "    sys.exit(3)\n"
+    )
     try:
-        if os.access(path, os.R_OK):
-            pytest.skip("running with privileges that ignore file permissions")
-        with pytest.raises(TaskError) as err:
-            Task.from_yaml(path)
-        assert_one_line(err, str(path))
+        proc = run_python(AS_NOBODY, code)
     finally:
-        path.chmod(0o644)
+        path.unlink()
+        where.rmdir()
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 # --- constructor and overrides --------------------------------------------------------
