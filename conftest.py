@@ -33,7 +33,9 @@ def leaked_resources(scopes: list[str]) -> list[str]:
 
     leaks = [f"link {n} ({owner})" for n, owner in link_owners().items() if mine(owner)]
     leaks += [f"process {p}: {c}" for p, c in node_processes() if mine(c)]
-    return leaks
+    from pytest_sky.backends.netns import orphaned_cgroups
+
+    return leaks + [f"cgroup {path}" for path in orphaned_cgroups()]
 
 
 @pytest.hookimpl(trylast=True)

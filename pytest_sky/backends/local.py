@@ -279,16 +279,12 @@ class LocalBackend(Backend):
             doomed = [n for n in os.listdir("/sys/class/net") if stray(n)]
             if doomed:
                 netns.delete_links(netns.require_tools()["ip"], doomed)
-        root = netns.cgroup2_root()
-        if root is not None:
-            for path in root.glob(f"{netns.LINK_PREFIX}*"):
-                match = re.fullmatch(rf"({netns.LINK_PREFIX}\d+)[np]\d+", path.name)
-                if match and not netns.link_exists(match.group(1)):
-                    try:
-                        path.rmdir()  # only an empty one: a populated cgroup is a live node's
-                        doomed.append(f"cgroup {path.name}")
-                    except OSError:
-                        pass
+        for path in netns.orphaned_cgroups():
+            try:
+                path.rmdir()  # only an empty one: a populated cgroup is a live node's
+                doomed.append(f"cgroup {path.name}")
+            except OSError:
+                pass
         return doomed
 
     # -- helpers ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import fcntl
 import functools
 import logging
 import os
+import re
 import select
 import shlex
 import shutil
@@ -373,6 +374,20 @@ def node_cgroup(name: str) -> Path | None:
     """The host-side cgroup of the node whose veth is ``name`` (unique while the link is ours)."""
     root = cgroup2_root()
     return root / name if root is not None else None
+
+
+def orphaned_cgroups() -> list[Path]:
+    """Node cgroups whose cluster's bridge is gone.  A node's cgroup lives inside its bridge's
+    lifetime (made after it, removed before it), so one without it is a leftover, whoever's."""
+    root = cgroup2_root()
+    if root is None:
+        return []
+    out = []
+    for path in sorted(root.glob(f"{LINK_PREFIX}*")):
+        match = re.fullmatch(rf"({LINK_PREFIX}\d+)[np]\d+", path.name)
+        if match and path.is_dir() and not link_exists(match.group(1)):
+            out.append(path)
+    return out
 
 
 def _make_cgroup(path: Path) -> bool:
