@@ -161,6 +161,7 @@ def test_ctrl_c_during_a_streamed_run_leaves_the_job_running(home: Path, dev: st
 def test_ctrl_c_during_launch_removes_what_it_created(home: Path):
     env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
     name = f"clic{os.getpid() % 10000}"
+    cluster_dir = home / "clusters" / name
     proc = subprocess.Popen(
         [SCRIPT, "launch", "-c", name, "--num-nodes", "40", "--", "true"],
         env=env,
@@ -168,20 +169,60 @@ def test_ctrl_c_during_launch_removes_what_it_created(home: Path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stderr is not None
-    first = proc.stderr.readline()  # "launching <name>: ..." is printed before any node exists
-    assert "launching" in first
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    # 40 nodes take over a second to come up, and Ctrl-C came before the first: a launch that
-    # finishes anyway ignored it.
-    assert proc.returncode != 0, "the launch ignored Ctrl-C and brought the cluster up"
-    assert proc.returncode == 130
-    assert not (home / "clusters" / name / "record.json").exists()
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    assert str(home) not in "".join(
-        Path(f"/sys/class/net/{n}/ifalias").read_text() for n in os.listdir("/sys/class/net") if n.startswith("psky")
-    ), links
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # "launching <name>: ..." once the name is claimed
+        assert "launching" in first, first
+        # Something exists: the cluster's bridge, named after its directory.
+        deadline = time.monotonic() + 30
+        while not our_links(str(cluster_dir)):
+            assert proc.poll() is None, f"the launch ended before it made anything: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the launch made no bridge within 30 s"
+            time.sleep(0.005)
+        # Hold the launch still while checking it is unfinished, so Ctrl-C surely lands mid-launch.
+        proc.send_signal(signal.SIGSTOP)
+        record = json.loads((cluster_dir / "record.json").read_text())
+        assert record["status"] == "PROVISIONING", "the launch finished before the test could interrupt it"
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if (cluster_dir / "record.json").exists():
+            sky(home, "down", name)
+    assert proc.returncode != 0, f"the launch ignored Ctrl-C and brought the cluster up:\n{err}"
+    assert proc.returncode == 130, err
+    assert f"interrupted while launching {name}: removed what was created" in err
+    assert not (cluster_dir / "record.json").exists()
+    assert our_links(str(home)) == [], subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert processes_mentioning(str(home)) == []
+
+
+def our_links(owner: str) -> list[str]:
+    """Our links whose alias (the cluster directory that made them) starts with ``owner``."""
+    links = []
+    for link in os.listdir("/sys/class/net"):
+        try:
+            alias = Path(f"/sys/class/net/{link}/ifalias").read_text().strip()
+        except OSError:  # gone between the listing and the read
+            continue
+        if link.startswith("psky") and alias.startswith(owner):
+            links.append(link)
+    return links
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid} {cmdline[:200]}")
+    return found
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")

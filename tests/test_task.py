@@ -397,10 +397,11 @@ def test_unreadable_file_is_a_task_error() -> None:
     finally:
         path.unlink()
         where.rmdir()
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 3, f"{path} (mode 000) read as nobody: no TaskError, rc={proc.returncode}\n{output}"
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0], proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "Traceback" not in output
 
 
 # --- constructor and overrides --------------------------------------------------------
