@@ -54,8 +54,10 @@ def line_prefix(rank: int, name: str, pid: int, ip: str, num_nodes: int, task_na
 #
 # Its stdin is the lifeline: when the head closes it (the run failed elsewhere, timed out, was
 # cancelled, or the client went away) every process of the job gets SIGTERM, a grace to stop
-# its own children (torchrun stops its workers), then SIGKILL: cgroup.kill, one write.
-# Whatever the script leaves running when it ends is killed at once.
+# its own children (torchrun stops its workers), then SIGKILL: cgroup.kill, one write.  The
+# lifeline's reader does that itself, so it happens however early the head lets go (even
+# before the supervisor waits); it tells the supervisor first (USR1), which then leaves the
+# stopping to it.  Whatever the script leaves running when it ends is killed at once.
 RANK_SUPERVISOR = r"""
 exec 3<&0
 stop=
@@ -64,20 +66,17 @@ cg= r=
 while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
 [ -n "$r" ] && mkdir "$r/psky-job-$$" 2>/dev/null && cg=$r/psky-job-$$
 tag=psky-$$-$RANDOM$RANDOM
-PSKY_JOB_SCOPE=$tag setsid /bin/bash -c '[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
-echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
-pid=$!
-{ while read -r _; do :; done; kill -USR1 $$; } <&3 >/dev/null 2>&1 &
-life=$!
-exec 3<&-
-members() {
+members() {  # the job's live processes, the script's own first (even before it has exec'd)
   m=
-  if [ -d "$cg" ]; then IFS= read -r -d '' m <"$cg/cgroup.procs"; return 0; fi
-  for d in /proc/[0-9]*; do
-    while IFS= read -r -d '' kv; do
-      [ "$kv" = "PSKY_JOB_SCOPE=$tag" ] && { m="$m ${d#/proc/}"; break; }
-    done 2>/dev/null <"$d/environ"
-  done
+  if [ -d "$cg" ]; then IFS= read -r -d '' m <"$cg/cgroup.procs"
+  else
+    for d in /proc/[0-9]*; do
+      while IFS= read -r -d '' kv; do
+        [ "$kv" = "PSKY_JOB_SCOPE=$tag" ] && { m="$m ${d#/proc/}"; break; }
+      done 2>/dev/null <"$d/environ"
+    done
+  fi
+  case " $m " in *" $pid "*) ;; *) ! kill -0 "$pid" 2>/dev/null || m="$pid $m" ;; esac
 }
 signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ "$1" = KILL ] && [ -d "$cg" ] && echo 1 >"$cg/cgroup.kill" && return
@@ -85,13 +84,22 @@ signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ "$1" != KILL ] || kill -KILL -- -"$pid"
 }
 settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
+PSKY_JOB_SCOPE=$tag setsid /bin/bash -c '[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
+echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
+pid=$!
+[ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
+{ while read -r _; do :; done; kill -USR1 $$; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
+life=$!
+exec 3<&-
 {
 wait "$pid"; code=$?
-if [ -n "$stop" ]; then signal TERM; settle 50; fi
-signal KILL; settle 100
-[ -z "$stop" ] || { wait "$pid"; code=$?; }
+if [ -n "$stop" ]; then
+  wait "$life"
+  [ "$code" -le 128 ] || { wait "$pid"; code=$?; }
+else
+  signal KILL; settle 100; kill "$life"
+fi
 [ -z "$cg" ] || rmdir "$cg"
-kill "$life"
 } >/dev/null 2>&1
 exit "$code"
 """

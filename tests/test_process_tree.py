@@ -118,3 +118,24 @@ def test_nodes_have_cgroups_of_their_own_and_leave_none_behind(home: Path):
     finally:
         c.down()
     assert not any(p.exists() for p in paths)
+
+
+def test_a_rank_told_to_stop_before_it_even_waits_is_stopped():
+    """The head may let go of a rank at once (another rank failed in its first millisecond):
+    the lifeline closes before the supervisor reaches its wait, and the rank must still stop
+    within the grace, not run to its end.  (Run here on this host, as on any machine.)"""
+    import subprocess
+
+    from pytest_sky.agent import RANK_SUPERVISOR
+
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["/bin/bash", "-c", RANK_SUPERVISOR, "psky-rank", "echo up; sleep 60"],
+        stdin=subprocess.DEVNULL,  # the lifeline is closed from the start
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert time.monotonic() - start < 5, proc.stdout
+    assert proc.returncode != 0
+    assert proc.stdout.startswith("PSKY-PID ")
