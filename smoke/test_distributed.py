@@ -157,6 +157,9 @@ def _check_mpi_allreduce(cluster: Cluster, head_stdout: str, procs_per_node: int
         assert f["host"] == cluster.node_names[int(f["rank"]) % cluster.num_nodes], (f, cluster.node_names)
 
 
+OPENMPI_SETPGID_RACE = re.compile(r"plm:rsh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission denied")
+
+
 @pytest.mark.multinode
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_mpirun_hostname_across_nodes(sky_launch, num_nodes):
@@ -164,7 +167,11 @@ def test_mpirun_hostname_across_nodes(sky_launch, num_nodes):
         pytest.skip("OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
     cluster, res = _launch_and_run(sky_launch, Task.from_yaml(MPI / "hostname.yaml"), num_nodes)
     expected = [f"{cluster.name}-head"] + [f"{cluster.name}-worker{i}" for i in range(1, num_nodes)]
-    assert sorted(res.ranks[0].stdout.split()) == sorted(expected), res.output
+    # OpenMPI's rsh launcher calls setpgid() on each ssh child from both sides; when the child
+    # has already exec'd, the parent's call fails with EACCES and mpirun warns (harmless, and
+    # as likely on a real cluster under load).  Every other line must be a node's hostname.
+    lines = [line for line in res.ranks[0].stdout.splitlines() if not OPENMPI_SETPGID_RACE.search(line)]
+    assert sorted(lines) == sorted(expected), res.output
     _check_worker_ranks_idle(res)
 
 
