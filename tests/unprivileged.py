@@ -62,11 +62,31 @@ def run_python(how: list[str], code: str, *, env: dict[str, str] | None = None, 
     for dst in binds.values():
         dst.mkdir()
     mounts = " && ".join(f"mount --bind {shlex.quote(str(s))} {shlex.quote(str(d))}" for s, d in binds.items())
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
-    argv += [*how, str(python), "-s", "-c", code]
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh", *how]
+    # Some builds find their shared libpython only under their own (unreachable) prefix; the
+    # system's interpreter of the same version then runs the same code and site-packages.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [str(python), f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"]
     try:
+        for candidate in candidates:
+            probe = subprocess.run(
+                [*argv, candidate, "-s", "-c", "import yaml"],
+                capture_output=True,
+                env=child_env,
+                cwd="/",
+                timeout=timeout,
+                check=False,
+            )
+            if probe.returncode == 0:
+                break
         return subprocess.run(
-            argv, capture_output=True, text=True, env=child_env, cwd="/", timeout=timeout, check=False
+            [*argv, candidate, "-s", "-c", code],
+            capture_output=True,
+            text=True,
+            env=child_env,
+            cwd="/",
+            timeout=timeout,
+            check=False,
         )
     finally:
         for dst in binds.values():
