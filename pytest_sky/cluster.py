@@ -266,9 +266,13 @@ class Cluster:
         workers = " ".join(self._record.node_ips[1:])
         script = (
             "set -e; f=$HOME/.sky/sync.tgz; mkdir -p $HOME/.sky; cat > $f; "
+            # Copied in with --no-overwrite-dir: the staging directory's own mode (mktemp's
+            # 0700) must never land on $HOME or on / (it made a pod's / unusable by non-root).
             'unpack() { d=$(mktemp -d); tar xzf "$1" -C "$d"; '
             'if [ -d "$d/~" ]; then [ ! -d "$d/~/sky_workdir" ] || rm -rf "$HOME/sky_workdir"; '
-            'cp -a "$d/~/." "$HOME/"; rm -rf "$d/~"; fi; cp -a "$d/." /; rm -rf "$d"; }; '
+            '(cd "$d/~" && tar cf - .) | tar xf - -C "$HOME" --no-overwrite-dir; rm -rf "$d/~"; fi; '
+            'if [ -n "$(ls -A "$d")" ]; then (cd "$d" && tar cf - .) | tar xf - -C / --no-overwrite-dir; fi; '
+            'rm -rf "$d"; }; '
             "unpack $f; "
             f'for ip in {workers}; do ssh $ip "mkdir -p .sky; cat > .sky/sync.tgz; $(declare -f unpack); '
             'unpack .sky/sync.tgz" < $f & done; wait'

@@ -256,3 +256,29 @@ def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester,
     result.assert_outcomes(passed=4)
     api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
     assert api.list_namespaced_pod("default", label_selector="app.kubernetes.io/managed-by=pytest-sky").items == []
+
+
+def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: Path, emu3: Emulator, tmp_path):
+    """workdir and file_mounts go over SSH as a tarball, unpacked on each pod.  The staging
+    directory's own mode (0700) must not land on the pod's $HOME or on / (the emulator's
+    pods share this machine's /: a 0700 / leaves every non-root process unable to load libc)."""
+    from pytest_sky import Task
+
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    (workdir / "data.txt").write_text("payload\n")
+    extra = tmp_path / "extra.txt"
+    extra.write_text("mounted\n")
+    root_mode = os.stat("/").st_mode & 0o7777
+    with launch(emu3, "k8s-files", num_nodes=2) as c:
+        before = [r.stdout.strip() for r in c.run("stat -c %a ~").ranks]
+        task = Task(
+            run="cat data.txt ~/extra.txt; stat -c %a ~",
+            num_nodes=2,
+            workdir=str(workdir),
+            file_mounts={"~/extra.txt": str(extra)},
+        )
+        res = c.run(task)
+        assert res.returncode == 0, res.output
+        assert [r.stdout.split() for r in res.ranks] == [["payload", "mounted", b] for b in before]
+    assert os.stat("/").st_mode & 0o7777 == root_mode
