@@ -376,7 +376,21 @@ class KubernetesBackend(Backend):
             t.join()
         if errors:
             name, err = sorted(errors.items())[0]
+            self._explain_exec_failure(name)
             raise ProvisionError(f"could not set up SSH on pod {name}: {err}")
+
+    def _explain_exec_failure(self, pod: str, within: float = 3.0) -> None:
+        """An exec killed under us (exit 137) is most often a pod that just died: give its own
+        error (phase, events, log) once the API server has seen it, rather than the exec's."""
+        from kubernetes.client.exceptions import ApiException
+
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                self._check_pod(self.api().read_namespaced_pod(pod, self.namespace))
+            except ApiException:
+                return
+            time.sleep(0.1)  # the kubelet reports the container's exit on its own schedule
 
     def _wait_banners(self, pods: list[str]) -> None:
         """Ready means every pod's sshd has sent its banner through a port-forward."""
