@@ -16,7 +16,6 @@ initial weights are seeded the same everywhere (DDP broadcasts rank 0's anyway).
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import os
 import socket
@@ -54,7 +53,6 @@ def pick_backend(local_world_size: int) -> str:
 
 
 def main() -> None:
-    faulthandler.enable(all_threads=True)
     # torchrun sets these for every worker process it starts.
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -97,6 +95,27 @@ def main() -> None:
         f"loss={mean_loss.item():.6f} params={params:.6f}\n"
     )
     sys.stdout.flush()
+    del ddp, opt, model, loss, mean_loss  # DDP's reducer holds the process group
+    shut_down()
+
+
+def shut_down() -> None:
+    """Leave the process group in step and while Python is still fully alive.
+
+    gloo's process group has no real shutdown: ``destroy_process_group()`` only unregisters
+    it, and the group (with its store connection and gloo's threads) lives on as long as
+    anything holds it: DDP's reducer does, and ``gc.freeze()`` keeps the reducer out of the
+    collector's reach.  Left to interpreter finalization, a rank whose peers (or torchrun's
+    rendezvous store on the head) already closed their sockets aborts there with "terminate
+    called without an active exception" (SIGABRT, after the work was done).  So: a barrier,
+    so no rank leaves while another still talks to it; with DDP, the optimizer and the model
+    already dropped by the caller, collect them (frozen or not); then destroy the group,
+    whose last reference goes with it.  Copy this ending into any DDP script that freezes
+    gc or keeps a DDP module to the end.
+    """
+    dist.barrier()
+    gc.unfreeze()
+    gc.collect()
     dist.destroy_process_group()
 
 
