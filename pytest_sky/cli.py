@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pytest_sky import console
+from pytest_sky import console, naming
 from pytest_sky.errors import CommandFailedError, SkyError
 
 EXIT_USAGE = 2
@@ -47,22 +47,6 @@ def _age(created: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> None:
-    if console.interactive():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*headers, box=None, header_style="bold")
-        for row in rows:
-            table.add_row(*row)
-        Console().print(table)
-        return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _task_from_args(task_args: list[str], num_nodes: int | None = None):
@@ -212,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no clusters")
         return 0
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
-    _table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
+    console.table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
     return 0
 
 
@@ -229,7 +213,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         rows.append(
             [str(j["id"]), str(j.get("name") or "-"), _age(j.get("submitted", time.time())) + " ago", took, j["status"]]
         )
-    _table(["ID", "NAME", "SUBMITTED", "DURATION", "STATUS"], rows)
+    console.table(["ID", "NAME", "SUBMITTED", "DURATION", "STATUS"], rows)
     return 0
 
 
@@ -266,13 +250,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _node_alias(cluster, node: str | None) -> str:
-    if node in (None, "", "head", "0"):
-        return cluster.name
-    if node.isdigit() and 0 < int(node) < cluster.num_nodes:
-        return f"{cluster.name}-worker{int(node)}"
-    if node.startswith("worker") and node[6:].isdigit() and 0 < int(node[6:]) < cluster.num_nodes:
-        return f"{cluster.name}-{node}"
-    raise UsageError(f"no node {node!r} in {cluster.name}: use head, worker1..worker{cluster.num_nodes - 1} or a rank")
+    rank = naming.parse_node(node, cluster.num_nodes)
+    if rank is None:
+        raise UsageError(
+            f"no node {node!r} in {cluster.name}: use head, worker1..worker{cluster.num_nodes - 1} or a rank"
+        )
+    return cluster.name if rank == 0 else f"{cluster.name}-{naming.node_name(rank)}"
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:

@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_sky import bootstrap, console, runner
+from pytest_sky import bootstrap, console, naming, runner
 from pytest_sky.agent import encode_spec
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
-from pytest_sky.backends.netns import is_alive, process_start_time
 from pytest_sky.errors import ClusterNotFoundError, ProvisionError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
+from pytest_sky.procs import is_alive
+from pytest_sky.procs import start_time as process_start_time
 from pytest_sky.resources import Resources
 from pytest_sky.runner import RunResult
 from pytest_sky.ssh import client as ssh_client
@@ -220,7 +221,7 @@ class Cluster:
         envs.update(validate_envs(env))
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
         nodes = [
-            {"rank": r, "name": "head" if r == 0 else f"worker{r}", "ip": ip, "ssh_target": ip}
+            {"rank": r, "name": naming.node_name(r), "ip": ip, "ssh_target": ip}
             for r, ip in enumerate(self._record.node_ips[: task.num_nodes])
         ]
         return {

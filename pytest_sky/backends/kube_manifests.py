@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import math
 
+from pytest_sky import naming
 from pytest_sky.resources import Resources
+from pytest_sky.ssh import sshd
 
 LABEL_CLUSTER = "pytest-sky/cluster"
 LABEL_ROLE = "pytest-sky/role"
@@ -20,6 +22,8 @@ RUNTIME_DIR = "/run/pytest-sky"
 DEFAULT_IMAGE = "python:3.11-slim-bookworm"
 DEFAULT_CPUS = 2.0
 DEFAULT_MEMORY_GB = 8.0
+#: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.
+SSHD_CONFIG_KEY = "sshd_config"
 
 # The container's first process: sshd from the Secret's keys.  Everything it writes goes to
 # $HOME or /run, never to other paths of the image (the emulator's pods share a disk).
@@ -50,38 +54,32 @@ cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
 cp "$S/id_ed25519.pub" "$HOME/.ssh/id_ed25519.pub"
 cp "$S/agent.py" "$HOME/.sky/agent.py"
 cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
-cat > "$R/sshd_config" <<EOF
-Port 22
-HostKey $R/ssh_host_ed25519_key
-PidFile $R/sshd.pid
-AuthorizedKeysFile .ssh/authorized_keys
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-StrictModes yes
-UsePAM no
-UseDNS no
-PrintMotd no
-MaxStartups 100:30:200
-MaxSessions 100
-AllowAgentForwarding no
-X11Forwarding no
-KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com
-ClientAliveInterval 5
-ClientAliveCountMax 3
-SetEnv PATH=$PATH
-Subsystem sftp internal-sftp
-LogLevel ERROR
-EOF
+# The config comes in the Secret (ssh.sshd renders every backend's); only the image knows
+# its PATH, so the pod appends that line itself.
+{ cat "$S/sshd_config"; echo "SetEnv PATH=$PATH"; } > "$R/sshd_config"
 exec "$SSHD" -D -e -f "$R/sshd_config"
 """
+
+
+def sshd_config_text() -> str:
+    """The pods' sshd_config, less its ``SetEnv PATH`` (BOOTSTRAP appends the image's own).
+
+    Every address on port 22 (a pod's IPs are its own); no ``PrintLastLog``, which an image's
+    sshd may be built without (it would say so in the pod's log at every start).
+    """
+    return sshd.render(
+        listen="22",
+        host_key=f"{RUNTIME_DIR}/ssh_host_ed25519_key",
+        pid_file=f"{RUNTIME_DIR}/sshd.pid",
+        path_env=None,
+        print_last_log=False,
+    )
 
 
 def labels(cluster: str, rank: int | None = None) -> dict[str, str]:
     out = {**MANAGED_BY, LABEL_CLUSTER: cluster}
     if rank is not None:
-        out[LABEL_ROLE] = "head" if rank == 0 else "worker"
+        out[LABEL_ROLE] = naming.role(rank)
         out[LABEL_RANK] = str(rank)
     return out
 
@@ -90,8 +88,7 @@ def selector(cluster: str) -> str:
     return f"{LABEL_CLUSTER}={cluster}"
 
 
-def pod_name(cluster: str, rank: int) -> str:
-    return f"{cluster}-head" if rank == 0 else f"{cluster}-worker{rank}"
+pod_name = naming.node_hostname  # a pod's name is its node's hostname
 
 
 def secret_name(cluster: str) -> str:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from pytest_sky import console
+from pytest_sky import console, naming
 from pytest_sky.backends import kube_manifests as manifests
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
@@ -190,6 +190,7 @@ class KubernetesBackend(Backend):
             "id_ed25519": request.keys.cluster.private_openssh,
             "id_ed25519.pub": request.keys.cluster.public_line.encode() + b"\n",
             "agent.py": _agent_source(),
+            manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
         }
         for rank, key in enumerate(request.keys.hosts):
             files[f"host_key_{rank}"] = key.private_openssh
@@ -211,9 +212,7 @@ class KubernetesBackend(Backend):
         try:
             ips = self._wait_running(name, request.num_nodes)
             nodes = [
-                NodeAddress(
-                    rank=r, name="head" if r == 0 else f"worker{r}", hostname=manifests.pod_name(name, r), ip=ip
-                )
+                NodeAddress(rank=r, name=naming.node_name(r), hostname=manifests.pod_name(name, r), ip=ip)
                 for r, ip in enumerate(ips)
             ]
             self._install_node_files(name, nodes, request.node_files(nodes))

@@ -20,11 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_sky import console, gpus
+from pytest_sky import console, gpus, naming
 from pytest_sky.backends import netns
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
+from pytest_sky.ssh import sshd
 from pytest_sky.ssh.keys import write_private
 from pytest_sky.state import ClusterRecord
 
@@ -50,14 +51,6 @@ def veth_name(index: int, rank: int) -> str:
     return f"{netns.LINK_PREFIX}{index}n{rank}"
 
 
-def node_hostname(cluster: str, rank: int) -> str:
-    return f"{cluster}-head" if rank == 0 else f"{cluster}-worker{rank}"
-
-
-def node_short_name(rank: int) -> str:
-    return "head" if rank == 0 else f"worker{rank}"
-
-
 def hosts_file(nodes: list[NodeAddress]) -> str:
     """Every node by name, also in ``::ffff:`` form: gloo binds to what the hostname resolves
     to, and torch's c10d store reverse-resolves IPv4-mapped peers (else a 1 s DNS wait)."""
@@ -80,39 +73,6 @@ def passwd_with_home(home: Path) -> str:
             line = ":".join(fields)
         out.append(line)
     return "\n".join(out) + "\n"
-
-
-def sshd_config(ip: str, host_key: Path, path_env: str) -> str:
-    return "\n".join(
-        [
-            f"ListenAddress {ip}:22",
-            f"HostKey {host_key}",
-            "PidFile /run/sshd.pid",
-            "AuthorizedKeysFile .ssh/authorized_keys",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "StrictModes yes",
-            "UsePAM no",
-            "UseDNS no",
-            "PrintMotd no",
-            "PrintLastLog no",
-            # The default 10:30:100 dropped 12 of 200 concurrent connections (DESIGN.md 5).
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "X11Forwarding no",
-            "AllowAgentForwarding no",
-            "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com",
-            "ClientAliveInterval 5",
-            "ClientAliveCountMax 3",
-            # Nodes share the host's filesystem: a run should find the tools pytest runs with.
-            f"SetEnv PATH={path_env}",
-            "Subsystem sftp internal-sftp",
-            "LogLevel ERROR",
-            "",
-        ]
-    )
 
 
 class LocalBackend(Backend):
@@ -197,7 +157,10 @@ class LocalBackend(Backend):
         try:
             nodes = [
                 NodeAddress(
-                    rank=r, name=node_short_name(r), hostname=node_hostname(request.name, r), ip=f"{base}{2 + r}"
+                    rank=r,
+                    name=naming.node_name(r),
+                    hostname=naming.node_hostname(request.name, r),
+                    ip=f"{base}{2 + r}",
                 )
                 for r in range(request.num_nodes)
             ]
@@ -329,7 +292,9 @@ class LocalBackend(Backend):
             os.chmod(root / "etc" / "hosts", 0o644)
             host_key = root / "ssh_host_ed25519_key"
             write_private(host_key, request.keys.hosts[node.rank].private_openssh)
-            (root / "sshd_config").write_text(sshd_config(node.ip, host_key, path_env))
+            (root / "sshd_config").write_text(
+                sshd.render(listen=f"{node.ip}:22", host_key=str(host_key), pid_file="/run/sshd.pid", path_env=path_env)
+            )
             for rel, (content, mode) in files.items():
                 dest = home / rel
                 dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

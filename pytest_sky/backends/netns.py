@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_sky import procs
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
 
 log = logging.getLogger(__name__)
@@ -596,11 +597,9 @@ def _await_ready(node: NodeProcess) -> None:
 
 
 def _child_pid(pid: int) -> int:
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return 0
-    return int(children[0]) if children else 0
+    """The first child of ``pid`` (a node's ``unshare`` has one: the node's first process), or 0."""
+    children = procs.children(pid)
+    return children[0] if children else 0
 
 
 def tail(path: Path, lines: int = 3) -> str:
@@ -611,22 +610,10 @@ def tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid it names one
-    process for good, so a recycled pid is never mistaken for a node of ours."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None  # a zombie is dead for our purposes; this host's pid 1 reaps late
-    return int(fields[19])
-
-
-def is_alive(pid: int, start_time: int | None = None) -> bool:
-    now = process_start_time(pid)
-    return now is not None and (start_time is None or now == start_time)
+# Old names, kept while their importers move to ``procs``.
+process_start_time = procs.start_time
+is_alive = procs.is_alive
+parent_pid = procs.parent_pid
 
 
 def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
@@ -676,11 +663,11 @@ def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
         os.close(fd)
     delay = 0.001
     while polled and time.monotonic() < deadline:
-        polled = [pid for pid in polled if is_alive(pid)]
+        polled = [pid for pid in polled if procs.is_alive(pid)]
         if polled:
             time.sleep(delay)  # no pidfd to wait on: /proc is the only signal there is
             delay = min(delay * 2, 0.05)
-    return [pid for pid in pending if is_alive(pid)] + [pid for pid in polled if is_alive(pid)]
+    return [pid for pid in pending if procs.is_alive(pid)] + [pid for pid in polled if procs.is_alive(pid)]
 
 
 def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
@@ -688,29 +675,16 @@ def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
     scripts (their command line carries ``psky-node:<node dir>``) and the nodes' sshds.
     With ``marker_prefix``, only the nodes whose directory starts with it."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    for pid in procs.pids():
+        args = procs.cmdline(pid)
+        cmd = " ".join(args).strip() if args else ""
         ours = "psky-node:" in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd)
-        if not ours or process_start_time(int(entry)) is None:
+        if not ours or not procs.is_alive(pid):  # a zombie is dead for our purposes: pid 1 reaps late
             continue
         if marker_prefix and f"psky-node:{marker_prefix}" not in cmd and marker_prefix not in cmd:
             continue
-        found.append((int(entry), cmd[:200]))
+        found.append((pid, cmd[:200]))
     return found
-
-
-def parent_pid(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def reap_nodes(recorded: Iterable[dict], *, cgroups: Iterable[str | None] = (), node_dirs: str = "") -> None:
@@ -720,9 +694,9 @@ def reap_nodes(recorded: Iterable[dict], *, cgroups: Iterable[str | None] = (), 
     the owner was killed: their command lines name their node directories."""
     pids: list[int] = []
     for node in recorded:
-        if is_alive(node["pid"], node.get("start_time")):
+        if procs.is_alive(node["pid"], node.get("start_time")):
             init = node.get("init_pid") or 0
-            if init and parent_pid(init) == node["pid"]:
+            if init and procs.parent_pid(init) == node["pid"]:
                 pids.append(init)
             pids.append(node["pid"])
     if node_dirs:

@@ -1,0 +1,58 @@
+"""The nodes' ``sshd_config``, built in one place for every backend.
+
+Every node runs OpenSSH ``sshd -D`` as its first process with this configuration: keys only,
+one host key of ours, no DNS or PAM on the way in, and room for the hundreds of concurrent
+sessions a multi-node run opens.  Backends differ only in where sshd listens, where its
+files live and whether the PATH is known when the config is written (see :func:`render`).
+"""
+
+from __future__ import annotations
+
+
+def render(
+    *,
+    listen: str,
+    host_key: str,
+    pid_file: str,
+    path_env: str | None,
+    print_last_log: bool = True,
+) -> str:
+    """The text of an ``sshd_config``.
+
+    ``listen`` is ``address:port`` (``ListenAddress``: a namespace node answers on its own
+    address only) or a bare port (``Port``: a pod answers on every address it has).
+    ``path_env`` is the PATH every session gets (``SetEnv``); None leaves the line out, for a
+    caller that appends it where the PATH is known (a pod's image).  ``print_last_log=False``
+    leaves ``PrintLastLog`` out, for an sshd that may be built without lastlog support.
+    """
+    listen_line = f"Port {listen}" if listen.isdigit() else f"ListenAddress {listen}"
+    lines = [
+        listen_line,
+        f"HostKey {host_key}",
+        f"PidFile {pid_file}",
+        "AuthorizedKeysFile .ssh/authorized_keys",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "StrictModes yes",
+        "UsePAM no",
+        "UseDNS no",
+        "PrintMotd no",
+        *(["PrintLastLog no"] if print_last_log else []),
+        # The default 10:30:100 dropped 12 of 200 concurrent connections (DESIGN.md 5).
+        "MaxStartups 100:30:200",
+        "MaxSessions 100",
+        "X11Forwarding no",
+        "AllowAgentForwarding no",
+        "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com",
+        "ClientAliveInterval 5",
+        "ClientAliveCountMax 3",
+        # Nodes share the host's filesystem: a run should find the tools pytest runs with.
+        # (A pod's PATH is its image's: the pod appends this line itself.)
+        *([f"SetEnv PATH={path_env}"] if path_env is not None else []),
+        "Subsystem sftp internal-sftp",
+        "LogLevel ERROR",
+        "",
+    ]
+    return "\n".join(lines)

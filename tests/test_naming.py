@@ -1,0 +1,77 @@
+"""Node names (``pytest_sky.naming``): SkyPilot's, which users type and grep for."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_sky import naming
+from pytest_sky.backends import kube_manifests
+
+
+def test_names_roles_and_hostnames() -> None:
+    assert [naming.node_name(r) for r in range(3)] == ["head", "worker1", "worker2"]
+    assert [naming.role(r) for r in range(3)] == ["head", "worker", "worker"]
+    assert naming.node_hostname("c", 0) == "c-head"
+    assert naming.node_hostname("my-cluster", 12) == "my-cluster-worker12"
+
+
+def test_pods_are_named_and_labelled_from_it() -> None:
+    assert kube_manifests.pod_name("demo", 0) == "demo-head"
+    assert kube_manifests.pod_name("demo", 3) == "demo-worker3"
+    assert kube_manifests.labels("demo", 0)[kube_manifests.LABEL_ROLE] == "head"
+    assert kube_manifests.labels("demo", 3)[kube_manifests.LABEL_ROLE] == "worker"
+
+
+@pytest.mark.parametrize(
+    ("text", "rank"),
+    [
+        (None, 0),
+        ("", 0),
+        ("head", 0),
+        ("0", 0),
+        ("1", 1),
+        ("3", 3),
+        ("worker3", 3),
+        ("worker1", 1),
+        ("4", None),  # beyond the cluster
+        ("worker4", None),
+        ("worker0", None),  # the head is not a worker
+        ("00", None),
+        ("worker", None),
+        ("-1", None),
+        ("+2", None),
+        ("²", None),  # a digit to str.isdigit, not to int()
+        ("head1", None),
+        ("Worker2", None),
+        (" 2", None),
+    ],
+)
+def test_parse_node(text: str | None, rank: int | None) -> None:
+    assert naming.parse_node(text, 4) == rank
+
+
+def test_a_one_node_cluster_has_only_the_head() -> None:
+    assert naming.parse_node("head", 1) == 0
+    assert naming.parse_node("1", 1) is None and naming.parse_node("worker1", 1) is None
+
+
+def test_line_prefixes_are_skypilots() -> None:
+    assert naming.line_prefix(0, "head", 41, "10.0.0.1", 1, "train") == "(train, pid=41) "
+    assert naming.line_prefix(0, "head", 41, "10.0.0.1", 3, "train") == "(head, rank=0, pid=41) "
+    assert naming.line_prefix(2, "worker2", 7, "10.0.0.3", 3, "train") == "(worker2, rank=2, pid=7, ip=10.0.0.3) "
+
+
+def test_import_costs_nothing_for_the_agent() -> None:
+    """Shipped in the agent, run as ``python -I -S``: no imports at all."""
+    code = (
+        "import sys; before = set(sys.modules)\n"
+        f"sys.path.insert(0, {str(Path(naming.__file__).parent)!r})\n"
+        "import naming\n"
+        "print(*sorted(set(sys.modules) - before - {'naming', '__future__'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []
