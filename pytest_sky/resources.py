@@ -4,6 +4,8 @@ The syntax follows SkyPilot's task YAML so that a file written for ``sky launch`
 here unchanged, as long as it asks for something the local and Kubernetes backends can
 provide. Every value is checked when it is read, so that a typo fails before any node is
 started, and every error names the key, the value and a form that would have worked.
+The checks are written by hand rather than as a pydantic schema; the docstring of
+``pytest_sky.task`` says why, with the measurements.
 """
 
 from __future__ import annotations
