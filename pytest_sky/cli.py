@@ -51,13 +51,9 @@ def _age(created: float) -> str:
 
 def _task_from_args(task_args: list[str], num_nodes: int | None = None):
     """A YAML path, a command after ``--``, or one quoted command string -> Task (or None)."""
-    from pytest_sky.task import Task
+    from pytest_sky.task import as_task
 
-    if not task_args:
-        return None
-    if len(task_args) == 1 and task_args[0].endswith((".yaml", ".yml")):
-        return Task.from_yaml(task_args[0])
-    return Task(run=" ".join(task_args), num_nodes=num_nodes or 1)
+    return as_task(" ".join(task_args), num_nodes or 1) if task_args else None
 
 
 def _resources(args: argparse.Namespace):
@@ -108,16 +104,11 @@ def _run_task(cluster, task, detach: bool) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky.cluster import launch
+    from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import StateStore
 
     backend = "kubernetes" if args.kubernetes else args.backend
-    task = _task_from_args(args.task)
-    requested = _resources(args)
-    if task is not None:
-        requested = task.resources.merge(requested)
-    num_nodes = args.num_nodes or (task.num_nodes if task is not None else 1)
-    if task is not None:
-        task = task.with_overrides(num_nodes=num_nodes)
+    task, num_nodes, requested = plan_launch(_task_from_args(args.task), args.num_nodes or None, _resources(args))
     store = StateStore()
     existing = store.load(args.cluster)
     if existing is not None:
@@ -171,7 +162,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pytest_sky.cluster import owner_alive
+    from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
     rows = []
@@ -303,7 +294,7 @@ def cmd_ssh_config(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from pytest_sky.backends import get_backend
+    from pytest_sky.lifecycle import teardown
     from pytest_sky.state import StateStore
 
     store = StateStore()
@@ -317,11 +308,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         record = store.load(name)
         if record is None:
             continue
-        from pytest_sky.bootstrap import stop_master
-
-        stop_master(store.cluster_dir(name) / "ssh_config", name)
-        get_backend(record.backend).destroy(record)
-        store.forget(name)
+        teardown(record, store)
         print(f"{name}: down")
     if not names:
         print("no clusters")

@@ -1,6 +1,7 @@
-"""Clusters: provisioning through a backend, the shared bootstrap, runs, teardown, reaping.
+"""The cluster handle: run, submit, queue and job on a cluster that is up.
 
-This is the one Python API under both the pytest plugin and the command line.
+Creating and removing one is :mod:`pytest_sky.lifecycle`'s; ``launch`` and ``down`` here are
+the public API's doors to it, shared by the pytest plugin and the command line.
 """
 
 from __future__ import annotations
@@ -13,23 +14,19 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_sky import bootstrap, console, naming, runner
+from pytest_sky import bootstrap, lifecycle, naming, runner
 from pytest_sky.agent import encode_spec
 from pytest_sky.backends import get_backend
-from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
-from pytest_sky.errors import ClusterNotFoundError, ProvisionError, RunError, SkyError, TaskError
+from pytest_sky.backends.base import Backend
+from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
-from pytest_sky.procs import is_alive
-from pytest_sky.procs import start_time as process_start_time
 from pytest_sky.resources import Resources
 from pytest_sky.runner import RunResult
 from pytest_sky.ssh import client as ssh_client
-from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import ClusterRecord, StateStore
-from pytest_sky.task import Task, validate_envs
+from pytest_sky.task import Task, as_task, validate_envs
 
 if TYPE_CHECKING:
     import paramiko
@@ -47,10 +44,6 @@ def validate_name(name: str) -> str:
             "starting with a letter and not ending with '-' (e.g. 'dev-2')"
         )
     return name
-
-
-def _own_identity() -> tuple[int, int | None]:
-    return os.getpid(), process_start_time(os.getpid())
 
 
 class Cluster:
@@ -114,7 +107,7 @@ class Cluster:
         A rank exiting non-zero is reported through the result (``returncode``, ``error``),
         not raised; problems reaching the cluster raise :class:`RunError`.
         """
-        task = self._as_task(cmd_or_task)
+        task = as_task(cmd_or_task, self.num_nodes)
         self._check_fits(task)
         self._sync(task)
         spec = self._spec(task, env)
@@ -132,7 +125,7 @@ class Cluster:
 
     def submit(self, cmd_or_task: str | Task, env: dict[str, str] | None = None) -> Job:
         """Start a detached job on the head and return at once; it outlives this client."""
-        task = self._as_task(cmd_or_task)
+        task = as_task(cmd_or_task, self.num_nodes)
         self._check_fits(task)
         self._sync(task)
         spec = self._spec(task, env)
@@ -159,9 +152,7 @@ class Cluster:
             if self._client is not None:
                 self._client.close()
                 self._client = None
-            bootstrap.stop_master(Path(self.ssh_config), self.name)
-            self._backend.destroy(self._record)
-            self._store.forget(self.name)
+            lifecycle.teardown(self._record, self._store, self._backend)
             self.is_down = True
 
     def __enter__(self) -> Cluster:
@@ -203,16 +194,6 @@ class Cluster:
         return runner.agent_stream(
             self._connection(), args, python=self._record.python, agent_path=bootstrap.AGENT_PATH
         )
-
-    def _as_task(self, cmd_or_task: str | Task) -> Task:
-        if isinstance(cmd_or_task, Task):
-            return cmd_or_task
-        text = str(cmd_or_task) if isinstance(cmd_or_task, (str, os.PathLike)) else ""
-        if text.endswith((".yaml", ".yml")) and "\n" not in text and " " not in text:
-            return Task.from_yaml(text)
-        if isinstance(cmd_or_task, str):
-            return Task(run=cmd_or_task, num_nodes=self.num_nodes)
-        raise TaskError(f"run() takes a command string or a Task, got {type(cmd_or_task).__name__}")
 
     def _spec(self, task: Task, env: dict[str, str] | None) -> dict:
         envs = dict(self._backend.forward_env())
@@ -326,20 +307,15 @@ def launch(
     **resources: object,
 ) -> Cluster:
     """Provision a cluster (and, given a task, run it: the result is ``cluster.last_result``)."""
-    if task is not None and not isinstance(task, Task):
-        task = Task.from_yaml(str(task))
-    extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
-    res = task.resources.merge(extra) if task is not None else extra
-    n = num_nodes if num_nodes is not None else (task.num_nodes if task is not None else 1)
     if task is not None:
-        task = task.with_overrides(num_nodes=n)
-    else:
-        Task(num_nodes=n)  # validates the count with the task's own messages
+        task = as_task(task)
+    extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
+    task, n, res = lifecycle.plan_launch(task, num_nodes, extra)
     name = validate_name(name or _default_name())
     be = get_backend(backend, **(backend_options or {}))
     be.plan(name, n, res)  # before touching any state: refuse what can never work
     store = store or StateStore()
-    cluster = provision(be, store, name, n, res, keep=keep)
+    cluster = Cluster(lifecycle.provision(be, store, name, n, res, keep=keep), be, store)
     if on_created is not None:
         on_created(cluster)
     if task is not None and (task.run or task.setup):
@@ -356,70 +332,6 @@ def _default_name() -> str:
     return f"sky-{os.getpid() % 100000}-{int(time.time() * 1000) % 100000}"
 
 
-def provision(
-    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
-) -> Cluster:
-    owner_pid, owner_start = _own_identity()
-    record = ClusterRecord(
-        name=name,
-        backend=backend.name,
-        num_nodes=num_nodes,
-        owner_pid=owner_pid,
-        owner_start_time=owner_start,
-        keep=keep,
-        resources={
-            "cpus": resources.cpus,
-            "memory": resources.memory,
-            "accelerators": str(resources.accelerators) if resources.accelerators else None,
-            "gpus_per_node": resources.gpus_per_node,
-        },
-        resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
-        cluster_info={"cluster_name": name, "cloud": backend.name, "region": backend.name, "zone": None},
-    )
-    if not store.claim(record):
-        raise ProvisionError(
-            f"a cluster named {name!r} already exists: pick another name or remove it with `pytest-sky down {name}`"
-        )
-    cluster_dir = store.cluster_dir(name)
-    keys = ClusterKeys.generate(name, num_nodes)
-    started = time.monotonic()
-    console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
-
-    def checkpoint(rec: ClusterRecord) -> None:
-        with store.locked():
-            store.save(rec)
-
-    request = ProvisionRequest(
-        name=name,
-        num_nodes=num_nodes,
-        resources=resources,
-        keys=keys,
-        cluster_dir=cluster_dir,
-        node_files=lambda nodes: bootstrap.node_files(name, nodes, keys),
-        checkpoint=checkpoint,
-    )
-    try:
-        nodes: list[NodeAddress] = backend.create(request, record)
-        record.node_ips = [n.ip for n in nodes]
-        record.node_names = [n.hostname for n in nodes]
-        routes = {n.rank: backend.ssh_route(record, n) for n in nodes}
-        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, routes, multiplex=backend.multiplex_client)
-        if backend.multiplex_client:
-            bootstrap.start_master(cfg, name)
-        record.status = "UP"
-        checkpoint(record)
-    except BaseException:
-        try:
-            backend.destroy(record)
-        except Exception as exc:  # noqa: BLE001 - the launch's own error is the one to raise
-            log.warning("cleanup of %s after a failed launch: %s", name, exc)
-        finally:
-            store.forget(name)
-        raise
-    console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
-    return Cluster(record, backend, store)
-
-
 def get_cluster(name: str, store: StateStore | None = None) -> Cluster:
     store = store or StateStore()
     record = store.load(name)
@@ -428,32 +340,7 @@ def get_cluster(name: str, store: StateStore | None = None) -> Cluster:
     return Cluster(record, get_backend(record.backend), store)
 
 
-def owner_alive(record: ClusterRecord) -> bool:
-    return is_alive(record.owner_pid, record.owner_start_time)
-
-
-def reap_orphans(store: StateStore | None = None) -> list[str]:
-    """Tear down clusters whose owner process died (a killed pytest run); returns their names.
-
-    Clusters kept on purpose (``--keep-clusters``, the CLI) are left alone.
-    """
-    store = store or StateStore()
-    reaped = []
-    with store.locked():
-        records = [r for r in store.records() if not r.keep and not owner_alive(r)]
-    for record in records:
-        try:
-            bootstrap.stop_master(store.cluster_dir(record.name) / "ssh_config", record.name)
-            get_backend(record.backend).destroy(record)
-        except SkyError as exc:
-            log.warning("could not reap cluster %s: %s", record.name, exc)
-            continue
-        store.forget(record.name)
-        reaped.append(record.name)
-    try:
-        from pytest_sky.backends.local import LocalBackend
-
-        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links(store.root / "clusters")]
-    except (SkyError, OSError) as exc:
-        log.warning("could not reap stray links: %s", exc)
-    return reaped
+# The reaper and the owner check live with the rest of a cluster's life; re-exported here,
+# where callers of the public API have always found them.
+reap_orphans = lifecycle.reap
+owner_alive = lifecycle.owner_alive

@@ -42,7 +42,7 @@ def node_cgroups() -> list[str]:
 
 
 def leftovers(store_root: Path | None = None) -> list[str]:
-    from pytest_sky.cluster import owner_alive
+    from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
     out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]

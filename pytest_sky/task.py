@@ -544,3 +544,19 @@ def _cwd_for_message() -> str:
         return os.getcwd()
     except OSError:
         return "(which no longer exists)"
+
+
+def as_task(value: object, num_nodes: int = 1) -> Task:
+    """What the API and the CLI accept as a task: a Task, a YAML path, or a command string.
+
+    A string is a path when it names a ``.yaml``/``.yml`` file on one line without spaces;
+    any other string is a command to run on ``num_nodes`` nodes.
+    """
+    if isinstance(value, Task):
+        return value
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if isinstance(text, str) and text.endswith((".yaml", ".yml")) and "\n" not in text and " " not in text:
+        return Task.from_yaml(text)
+    if isinstance(value, str):
+        return Task(run=value, num_nodes=num_nodes)
+    raise TaskError(f"run() takes a command string or a Task, got {type(value).__name__}")

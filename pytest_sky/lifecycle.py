@@ -1,0 +1,156 @@
+"""A cluster's life: the launch's one merge of task and options, provisioning, teardown, reaping.
+
+Every way in (``pytest_sky.launch``, the plugin's fixtures, ``Cluster.down``, the CLI's
+``launch``/``down``, the reaper of clusters whose owner died) goes through these functions,
+so a cluster is created, bootstrapped, saved and removed in exactly one way.
+Provisioning is claim -> create -> bootstrap -> save; teardown is stop the client's SSH
+master -> destroy the nodes -> forget the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from pytest_sky import bootstrap, console
+from pytest_sky.backends import get_backend
+from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.errors import ProvisionError, SkyError
+from pytest_sky.procs import is_alive
+from pytest_sky.procs import start_time as process_start_time
+from pytest_sky.resources import Resources
+from pytest_sky.ssh.keys import ClusterKeys
+from pytest_sky.state import ClusterRecord, StateStore
+from pytest_sky.task import Task
+
+log = logging.getLogger(__name__)
+
+
+def plan_launch(task: Task | None, num_nodes: int | None, requested: Resources) -> tuple[Task | None, int, Resources]:
+    """The one merge of a launch: options over the task's own ``num_nodes`` and resources.
+
+    Returns the task with the node count it will run on, that count, and the resources to
+    provision.  Without a task the count defaults to 1 and is checked with the task's own
+    messages, so ``num_nodes=0`` fails the same way from a YAML, the API and the CLI.
+    """
+    resources = task.resources.merge(requested) if task is not None else requested
+    n = num_nodes if num_nodes is not None else (task.num_nodes if task is not None else 1)
+    if task is not None:
+        task = task.with_overrides(num_nodes=n)
+    else:
+        Task(num_nodes=n)
+    return task, n, resources
+
+
+def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None = None) -> None:
+    """Remove a cluster: its client-side SSH master, its nodes, then its record.
+
+    The record goes last, so a teardown that fails half-way leaves the cluster listed (and
+    reapable) rather than nodes nobody knows of.
+    """
+    bootstrap.stop_master(store.cluster_dir(record.name) / "ssh_config", record.name)
+    (backend or get_backend(record.backend)).destroy(record)
+    store.forget(record.name)
+
+
+def _own_identity() -> tuple[int, int | None]:
+    return os.getpid(), process_start_time(os.getpid())
+
+
+def provision(
+    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
+) -> ClusterRecord:
+    """Claim the name, create the nodes, bootstrap SSH to them and save the record as UP.
+
+    On any failure (Ctrl-C included) whatever was created is destroyed and the name released
+    before the error propagates: a failed launch leaves nothing behind.
+    """
+    owner_pid, owner_start = _own_identity()
+    record = ClusterRecord(
+        name=name,
+        backend=backend.name,
+        num_nodes=num_nodes,
+        owner_pid=owner_pid,
+        owner_start_time=owner_start,
+        keep=keep,
+        resources={
+            "cpus": resources.cpus,
+            "memory": resources.memory,
+            "accelerators": str(resources.accelerators) if resources.accelerators else None,
+            "gpus_per_node": resources.gpus_per_node,
+        },
+        resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
+        cluster_info={"cluster_name": name, "cloud": backend.name, "region": backend.name, "zone": None},
+    )
+    if not store.claim(record):
+        raise ProvisionError(
+            f"a cluster named {name!r} already exists: pick another name or remove it with `pytest-sky down {name}`"
+        )
+    cluster_dir = store.cluster_dir(name)
+    keys = ClusterKeys.generate(name, num_nodes)
+    started = time.monotonic()
+    console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
+
+    def checkpoint(rec: ClusterRecord) -> None:
+        with store.locked():
+            store.save(rec)
+
+    request = ProvisionRequest(
+        name=name,
+        num_nodes=num_nodes,
+        resources=resources,
+        keys=keys,
+        cluster_dir=cluster_dir,
+        node_files=lambda nodes: bootstrap.node_files(name, nodes, keys),
+        checkpoint=checkpoint,
+    )
+    try:
+        nodes: list[NodeAddress] = backend.create(request, record)
+        record.node_ips = [n.ip for n in nodes]
+        record.node_names = [n.hostname for n in nodes]
+        routes = {n.rank: backend.ssh_route(record, n) for n in nodes}
+        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, routes, multiplex=backend.multiplex_client)
+        if backend.multiplex_client:
+            bootstrap.start_master(cfg, name)
+        record.status = "UP"
+        checkpoint(record)
+    except BaseException:
+        try:
+            backend.destroy(record)
+        except Exception as exc:  # noqa: BLE001 - the launch's own error is the one to raise
+            log.warning("cleanup of %s after a failed launch: %s", name, exc)
+        finally:
+            store.forget(name)
+        raise
+    console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
+    return record
+
+
+def owner_alive(record: ClusterRecord) -> bool:
+    return is_alive(record.owner_pid, record.owner_start_time)
+
+
+def reap(store: StateStore | None = None) -> list[str]:
+    """Tear down clusters whose owner process died (a killed pytest run); returns their names.
+
+    Clusters kept on purpose (``--keep-clusters``, the CLI) are left alone.
+    """
+    store = store or StateStore()
+    reaped = []
+    with store.locked():
+        records = [r for r in store.records() if not r.keep and not owner_alive(r)]
+    for record in records:
+        try:
+            teardown(record, store)
+        except SkyError as exc:
+            log.warning("could not reap cluster %s: %s", record.name, exc)
+            continue
+        reaped.append(record.name)
+    try:
+        from pytest_sky.backends.local import LocalBackend
+
+        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links(store.root / "clusters")]
+    except (SkyError, OSError) as exc:
+        log.warning("could not reap stray links: %s", exc)
+    return reaped
