@@ -364,7 +364,11 @@ class KubernetesBackend(Backend):
         errors: dict[str, str] = {}
 
         def one(node: NodeAddress) -> None:
-            code, out = self.exec(node.hostname, command)
+            try:
+                code, out = self.exec(node.hostname, command)
+            except Exception as exc:  # noqa: BLE001 - a pod that died under us refuses the exec: say so
+                errors[node.hostname] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                return
             if code != 0:
                 errors[node.hostname] = out.strip()[-300:] or f"exit {code}"
 
