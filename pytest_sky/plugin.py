@@ -17,9 +17,8 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_sky.cluster import Cluster
+    from pytest_sky.settings import Settings
 
-ENV_PREFIX = "PYTEST_SKY_"
-_TRUE = ("1", "true", "yes", "on")
 
 MARKERS = {
     "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None): the test gets a cluster "
@@ -31,23 +30,8 @@ MARKERS = {
 
 
 @dataclass
-class SkySettings:
-    backend: str = "local"
-    kube_context: str | None = None
-    kube_namespace: str | None = None
-    kube_image: str | None = None
-    keep_clusters: bool = False
-    mtu: int | None = None
-
-    def backend_options(self) -> dict[str, Any]:
-        if self.backend == "local":
-            return {"mtu": self.mtu} if self.mtu else {}
-        return {"context": self.kube_context, "namespace": self.kube_namespace, "image": self.kube_image}
-
-
-@dataclass
 class _SessionState:
-    settings: SkySettings
+    settings: Settings
     started: float = field(default_factory=time.time)
     live: list[Cluster] = field(default_factory=list)
 
@@ -111,43 +95,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _setting(config: pytest.Config, dest: str, env: str) -> Any:
-    value = config.getoption(dest)
-    if value is None:
-        value = os.environ.get(ENV_PREFIX + env) or None
-    return value
+def settings_from(config: pytest.Config) -> Settings:
+    """The session's settings: this command line's options over the environment's twins."""
+    from pytest_sky import settings
 
-
-def _truthy(value: object) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
-
-
-def settings_from(config: pytest.Config) -> SkySettings:
-    # The command line wins over the environment; within each, --kubernetes wins over --backend.
-    if config.getoption("sky_kubernetes"):
-        backend = "kubernetes"
-    elif config.getoption("sky_backend"):
-        backend = config.getoption("sky_backend")
-    elif _truthy(os.environ.get(ENV_PREFIX + "KUBERNETES")):
-        backend = "kubernetes"
-    else:
-        backend = os.environ.get(ENV_PREFIX + "BACKEND") or "local"
-    if backend not in ("local", "kubernetes", "k8s"):
-        raise pytest.UsageError(f"PYTEST_SKY_BACKEND={backend!r} is not a backend: use 'local' or 'kubernetes'")
-    keep = _setting(config, "sky_keep_clusters", "KEEP_CLUSTERS")
-    mtu = _setting(config, "sky_mtu", "MTU")
     try:
-        mtu_value = int(mtu) if mtu is not None else None
-    except ValueError:
-        raise pytest.UsageError(f"PYTEST_SKY_MTU={mtu!r} is not a whole number (e.g. 65535)") from None
-    return SkySettings(
-        backend="kubernetes" if backend == "k8s" else backend,
-        kube_context=_setting(config, "sky_kube_context", "KUBE_CONTEXT"),
-        kube_namespace=_setting(config, "sky_kube_namespace", "KUBE_NAMESPACE"),
-        kube_image=_setting(config, "sky_kube_image", "KUBE_IMAGE"),
-        keep_clusters=_truthy(keep),
-        mtu=mtu_value,
-    )
+        return settings.resolve(
+            backend=config.getoption("sky_backend"),
+            kubernetes=config.getoption("sky_kubernetes"),
+            kube_context=config.getoption("sky_kube_context"),
+            kube_namespace=config.getoption("sky_kube_namespace"),
+            kube_image=config.getoption("sky_kube_image"),
+            keep_clusters=config.getoption("sky_keep_clusters"),
+            mtu=config.getoption("sky_mtu"),
+        )
+    except settings.SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The effective settings, each with where it came from (option, environment, default)."""
+    state = config.stash.get(_state_key, None)
+    return state.settings.describe() if state is not None else None
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -169,8 +138,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Reap clusters whose owner died (a run killed with SIGKILL), before making new ones."""
-    from pytest_sky.cluster import reap_orphans
     from pytest_sky.errors import SkyError
+    from pytest_sky.lifecycle import reap as reap_orphans
     from pytest_sky.state import StateStore
 
     try:
@@ -189,7 +158,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             )
 
 
-def _backend_has_gpu(settings: SkySettings) -> bool:
+def _backend_has_gpu(settings: Settings) -> bool:
     from pytest_sky.backends import get_backend
     from pytest_sky.errors import SkyError
 
@@ -360,29 +329,40 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
             pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
 
 
+def multinode_shape(
+    num_nodes: int = 2, *, gpus: object = None, cpus: object = None, memory: object = None
+) -> dict[str, Any]:
+    """The signature of ``@pytest.mark.multinode``: the marker's arguments are bound to it.
+
+    Python's own binding refuses an unknown keyword or a second positional argument;
+    :func:`_marker_shape` only turns its TypeError into a line that says what to write.
+    """
+    shape = {"num_nodes": num_nodes, "gpus": gpus, "cpus": cpus, "memory": memory}
+    return {k: v for k, v in shape.items() if v is not None}
+
+
 def _marker_shape(item: pytest.Item) -> dict[str, Any]:
     marker = item.get_closest_marker("multinode")
     if marker is None:
-        return {"num_nodes": 2}
-    kwargs = dict(marker.kwargs)
-    if marker.args:
-        if len(marker.args) > 1 or "num_nodes" in kwargs:
-            pytest.fail(
-                "pytest-sky: multinode() takes num_nodes once, as its only positional argument "
-                "or as num_nodes=N (e.g. @pytest.mark.multinode(num_nodes=3))",
-                pytrace=False,
-            )
-        kwargs["num_nodes"] = marker.args[0]
-    allowed = {"num_nodes", "gpus", "cpus", "memory"}
-    unknown = sorted(set(kwargs) - allowed)
+        return multinode_shape()
+    try:
+        return multinode_shape(*marker.args, **marker.kwargs)
+    except TypeError:
+        pass  # said below, outside the handler: the user gets one line, not a chain
+    import inspect
+
+    allowed = sorted(inspect.signature(multinode_shape).parameters)
+    unknown = sorted(set(marker.kwargs) - set(allowed))
     if unknown:
         pytest.fail(
-            f"pytest-sky: multinode() got unknown argument(s) {', '.join(unknown)}; allowed: "
-            f"{', '.join(sorted(allowed))}",
+            f"pytest-sky: multinode() got unknown argument(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}",
             pytrace=False,
         )
-    kwargs.setdefault("num_nodes", 2)
-    return {k: v for k, v in kwargs.items() if v is not None}
+    pytest.fail(
+        "pytest-sky: multinode() takes num_nodes once, as its only positional argument "
+        "or as num_nodes=N (e.g. @pytest.mark.multinode(num_nodes=3))",
+        pytrace=False,
+    )
 
 
 @pytest.fixture
