@@ -15,7 +15,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -397,6 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
         return p
 
+    _add_job_commands(add)
+    _add_node_commands(add)
+    return parser
+
+
+def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """launch, exec, status, queue, logs, cancel: clusters and the jobs on them."""
     p = add(
         "launch",
         "provision a cluster (or reuse one of that name) and run a task or command on it",
@@ -450,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every pending or running job")
     p.set_defaults(func=cmd_cancel)
 
+
+def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """ssh, ssh-config, down, stress-ssh, doctor: reaching nodes and cleaning up."""
     p = add(
         "ssh",
         "open a shell (or run one command) on a node, host keys checked",
@@ -487,7 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
     p.set_defaults(func=cmd_doctor)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

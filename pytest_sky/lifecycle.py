@@ -58,14 +58,10 @@ def _own_identity() -> tuple[int, int | None]:
     return os.getpid(), process_start_time(os.getpid())
 
 
-def provision(
-    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
+def _claim(
+    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, keep: bool
 ) -> ClusterRecord:
-    """Claim the name, create the nodes, bootstrap SSH to them and save the record as UP.
-
-    On any failure (Ctrl-C included) whatever was created is destroyed and the name released
-    before the error propagates: a failed launch leaves nothing behind.
-    """
+    """The cluster's record, saved as PROVISIONING under its name (refused if the name is taken)."""
     owner_pid, owner_start = _own_identity()
     record = ClusterRecord(
         name=name,
@@ -87,6 +83,18 @@ def provision(
         raise ProvisionError(
             f"a cluster named {name!r} already exists: pick another name or remove it with `pytest-sky down {name}`"
         )
+    return record
+
+
+def provision(
+    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
+) -> ClusterRecord:
+    """Claim the name, create the nodes, bootstrap SSH to them and save the record as UP.
+
+    On any failure (Ctrl-C included) whatever was created is destroyed and the name released
+    before the error propagates: a failed launch leaves nothing behind.
+    """
+    record = _claim(backend, store, name, num_nodes, resources, keep)
     cluster_dir = store.cluster_dir(name)
     keys = ClusterKeys.generate(name, num_nodes)
     started = time.monotonic()

@@ -315,18 +315,23 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     try:
         yield factory
     finally:
-        errors = []
-        for cluster in reversed(mine):
-            if settings.keep_clusters:
-                continue
-            try:
-                cluster.down()
-            except Exception as exc:  # noqa: BLE001 - report every failed teardown, not the first
-                errors.append(f"{cluster.name}: {exc}")
-            if cluster in state.live:
-                state.live.remove(cluster)
-        if errors:
-            pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
+        _tear_down(state, mine)
+
+
+def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
+    """Every cluster of one test, newest first, unless kept; each failure reported, none skipped."""
+    errors = []
+    for cluster in reversed(clusters):
+        if state.settings.keep_clusters:
+            continue
+        try:
+            cluster.down()
+        except Exception as exc:  # noqa: BLE001 - report every failed teardown, not the first
+            errors.append(f"{cluster.name}: {exc}")
+        if cluster in state.live:
+            state.live.remove(cluster)
+    if errors:
+        pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
 
 
 def multinode_shape(

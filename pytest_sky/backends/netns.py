@@ -507,8 +507,8 @@ def start_nodes(
         raise
 
 
-def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict[str, str]) -> NodeProcess:
-    log_path = spec.root / "node.log"
+def _node_env(spec: NodeSpec, log_path: Path, *, prefixlen: int, subnet: str, mtu: int, sshd: str) -> dict[str, str]:
+    """What the node's init script (_NODE_INIT) reads: its identity, its link and what to run."""
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "PSKY_LOG": str(log_path),
@@ -518,11 +518,17 @@ def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict
         "PSKY_SUBNET": subnet,
         "PSKY_MTU": str(mtu),
         "PSKY_ROOT": str(spec.root),
-        "PSKY_SSHD": tools["sshd"],
+        "PSKY_SSHD": sshd,
         "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),
         "PSKY_COMMAND": shlex.join(spec.command) if spec.command else "",
     }
     env.update(spec.env)
+    return env
+
+
+def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict[str, str]) -> NodeProcess:
+    log_path = spec.root / "node.log"
+    env = _node_env(spec, log_path, prefixlen=prefixlen, subnet=subnet, mtu=mtu, sshd=tools["sshd"])
     cgroup = node_cgroup(spec.veth)
     if cgroup is not None and not _make_cgroup(cgroup):
         cgroup = None
