@@ -13,12 +13,10 @@ import logging
 import os
 import time
 
-from pytest_sky import bootstrap, console
+from pytest_sky import bootstrap, console, procs
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import ProvisionError, SkyError
-from pytest_sky.procs import is_alive
-from pytest_sky.procs import start_time as process_start_time
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import ClusterRecord, StateStore
@@ -55,7 +53,7 @@ def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None =
 
 
 def _own_identity() -> tuple[int, int | None]:
-    return os.getpid(), process_start_time(os.getpid())
+    return os.getpid(), procs.start_time(os.getpid())
 
 
 def _claim(
@@ -136,7 +134,7 @@ def provision(
 
 
 def owner_alive(record: ClusterRecord) -> bool:
-    return is_alive(record.owner_pid, record.owner_start_time)
+    return procs.is_alive(record.owner_pid, record.owner_start_time)
 
 
 def reap(store: StateStore | None = None) -> list[str]:

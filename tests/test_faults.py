@@ -10,6 +10,7 @@ import time
 import pytest
 
 import pytest_sky
+from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.job import JobStatus
 
@@ -23,7 +24,7 @@ def cluster(tmp_path, monkeypatch):
     c.down()
     data = c.record.backend_data
     assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
-    assert [n["pid"] for n in data["nodes"] if netns.is_alive(n["pid"], n.get("start_time"))] == []
+    assert [n["pid"] for n in data["nodes"] if procs.is_alive(n["pid"], n.get("start_time"))] == []
 
 
 def wait_running(job, timeout: float = 10) -> None:

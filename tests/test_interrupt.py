@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_sky import procs
 from pytest_sky.backends import netns
 
 INNER_RUN = """
@@ -102,4 +103,4 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     assert "KeyboardInterrupt" in text
     assert records(home) == []
     assert [n for n in links if netns.link_exists(n)] == []
-    assert [n["pid"] for n in data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))] == []
+    assert [n["pid"] for n in data.get("nodes", []) if procs.is_alive(n["pid"], n.get("start_time"))] == []

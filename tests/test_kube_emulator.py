@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pytest_sky import procs
+
 kubernetes = pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
@@ -268,7 +270,7 @@ def test_pods_with_secret_service_exec_portforward_and_delete(emu: Emulator, v1:
 
     delete_and_wait(v1, "app=pair")
     assert not any(netns.link_exists(v) for v in veths)
-    assert not any(netns.is_alive(p) for p in pids)
+    assert not any(procs.is_alive(p) for p in pids)
     assert emu.pods_info() == {}
     v1.delete_collection_namespaced_service("default", label_selector="app=pair")
     v1.delete_collection_namespaced_secret("default", label_selector="app=pair")

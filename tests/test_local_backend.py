@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
-from pytest_sky import Task
+from pytest_sky import Task, procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.errors import ProvisionError, RunTimeoutError, TaskError
@@ -50,7 +50,7 @@ def by_rank(result: pytest_sky.RunResult) -> list[str]:
 def gone(record_data: dict, bridge: str) -> list[str]:
     """What of a torn-down cluster is still here (should be nothing)."""
     left = [n for n in [bridge, *record_data.get("veths", [])] if netns.link_exists(n)]
-    left += [str(n["pid"]) for n in record_data.get("nodes", []) if netns.is_alive(n["pid"], n.get("start_time"))]
+    left += [str(n["pid"]) for n in record_data.get("nodes", []) if procs.is_alive(n["pid"], n.get("start_time"))]
     return left
 
 

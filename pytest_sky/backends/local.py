@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_sky import console, gpus, naming
+from pytest_sky import console, gpus, naming, procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
 from pytest_sky.errors import ProvisionError, ResourcesError
@@ -178,7 +178,7 @@ class LocalBackend(Backend):
                 {
                     "pid": n.pid,
                     "init_pid": n.init_pid,
-                    "start_time": netns.process_start_time(n.pid),
+                    "start_time": procs.start_time(n.pid),
                     "log": str(n.log_path),
                 }
                 for n in started

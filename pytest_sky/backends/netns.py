@@ -616,12 +616,6 @@ def tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-# Old names, kept while their importers move to ``procs``.
-process_start_time = procs.start_time
-is_alive = procs.is_alive
-parent_pid = procs.parent_pid
-
-
 def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
     """SIGKILL each pid and wait until it is gone; returns the survivors.
 

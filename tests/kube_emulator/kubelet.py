@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
@@ -205,12 +206,12 @@ class Kubelet:
                 nodes[f"{rt.namespace}/{rt.name}"] = {
                     "pid": rt.node.pid,
                     "init_pid": rt.node.init_pid,
-                    "start_time": netns.process_start_time(rt.node.pid),
+                    "start_time": procs.start_time(rt.node.pid),
                     "veth": rt.node.veth,
                 }
         record = {
             "pid": os.getpid(),
-            "start_time": netns.process_start_time(os.getpid()),
+            "start_time": procs.start_time(os.getpid()),
             "bridge": self.bridge,
             "kubeconfig": self.kubeconfig,
             "nodes": nodes,
@@ -944,7 +945,7 @@ def _conditions(
     status["conditions"] = out
 
 
-def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = netns.is_alive) -> list[str]:
+def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = procs.is_alive) -> list[str]:
     """Remove what emulators that died without tearing down (SIGKILL) left in ``state_dir``:
     their pods' processes and links, their bridge, their instance directories."""
     reaped = []
