@@ -172,8 +172,8 @@ def open_paramiko(c: Cluster) -> paramiko.SSHClient:
     client.load_host_keys(str(d / "known_hosts"))
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     client.connect(
-        c.record.head_host or c.node_ips[0],
-        port=c.record.head_port,
+        c.info.head.route.hostname,
+        port=c.info.head.route.port,
         username="root",
         pkey=paramiko.Ed25519Key.from_private_key_file(str(d / "id_ed25519")),
         allow_agent=False,

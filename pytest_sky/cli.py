@@ -176,7 +176,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "nodes": r.num_nodes,
                 "status": status,
                 "age": _age(r.created),
-                "head": r.head_host,
+                "head": r.info.head.route.hostname if r.info else "",
                 "node_ips": r.node_ips,
             }
         )

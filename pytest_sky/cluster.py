@@ -20,12 +20,13 @@ from pytest_sky import bootstrap, lifecycle, naming, runner
 from pytest_sky.agent import encode_spec
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend
+from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
 from pytest_sky.resources import Resources
 from pytest_sky.runner import RunResult
 from pytest_sky.ssh import client as ssh_client
-from pytest_sky.state import ClusterRecord, StateStore
+from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, validate_envs
 
 if TYPE_CHECKING:
@@ -93,6 +94,18 @@ class Cluster:
     def record(self) -> ClusterRecord:
         return self._record
 
+    @property
+    def info(self) -> ClusterInfo:
+        """What provisioning returned: every node's name, IP, route and environment."""
+        if self._record.info is None:
+            raise SkyError(f"cluster {self.name} is still {self._record.status}")
+        return self._record.info
+
+    @property
+    def journal(self) -> Journal:
+        """What the backend made, as it wrote it down to remove it (its pids, links, pods)."""
+        return self._store.journal(self.name)
+
     def run(
         self,
         cmd_or_task: str | Task,
@@ -114,7 +127,7 @@ class Cluster:
         result = runner.run(
             self._connection(),
             spec,
-            python=self._record.python,
+            python=self.info.python,
             agent_path=bootstrap.AGENT_PATH,
             timeout=timeout,
             on_line=on_line,  # type: ignore[arg-type]
@@ -184,7 +197,7 @@ class Cluster:
         return runner.agent_call(
             self._connection(),
             args,
-            python=self._record.python,
+            python=self.info.python,
             agent_path=bootstrap.AGENT_PATH,
             stdin=stdin,
             timeout=timeout,
@@ -192,11 +205,11 @@ class Cluster:
 
     def _agent_stream(self, args: list[str]) -> Iterator[str]:
         return runner.agent_stream(
-            self._connection(), args, python=self._record.python, agent_path=bootstrap.AGENT_PATH
+            self._connection(), args, python=self.info.python, agent_path=bootstrap.AGENT_PATH
         )
 
     def _spec(self, task: Task, env: dict[str, str] | None) -> dict:
-        envs = dict(self._backend.forward_env())
+        envs = dict(self.info.env)
         envs.setdefault("PYTHONUNBUFFERED", "1")
         envs.update(task.envs)
         envs.update(validate_envs(env))
@@ -215,10 +228,10 @@ class Cluster:
             "env": envs,
             "cwd": "~/sky_workdir" if task.workdir else None,
             "gpus_per_node": self._gpus_per_node(task),
-            "cluster_info": self._record.cluster_info,
-            "python": self._record.python,
+            "cluster_info": self.info.skypilot_info(self.name),
+            "python": self.info.python,
             "agent_path": bootstrap.AGENT_PATH,
-            "rank_env": self._backend.rank_env(self._record),
+            "rank_env": {str(n.rank): dict(n.env) for n in self.info.nodes},
         }
 
     def _gpus_per_node(self, task: Task) -> int:
@@ -227,14 +240,10 @@ class Cluster:
         return int(self._record.resources.get("gpus_per_node", 0))
 
     def _sync(self, task: Task) -> None:
-        """Copy the task's workdir and file mounts to every node."""
+        """Copy the task's workdir and file mounts to every node, the same way on every backend:
+        one tarball to the head, fanned out from there to every worker over head-to-worker SSH."""
         if not task.workdir and not task.file_mounts:
             return
-        if not self._backend.sync_to_nodes(self._record, task.workdir, task.file_mounts):
-            self._sync_over_ssh(task)
-
-    def _sync_over_ssh(self, task: Task) -> None:
-        """One tarball to the head, fanned out from there to every worker over head-to-worker SSH."""
         import io
         import tarfile
 
@@ -280,12 +289,13 @@ class Cluster:
             transport = self._client.get_transport() if self._client is not None else None
             if transport is None or not transport.is_active():
                 d = self._store.cluster_dir(self.name)
+                route = self.info.head.route
                 self._client = ssh_client.connect(
-                    self._record.head_host,
-                    self._record.head_port,
+                    route.hostname,
+                    route.port,
                     d / "id_ed25519",
                     d / "known_hosts",
-                    proxy_command=self._record.head_proxy_command,
+                    proxy_command=route.proxy_command,
                 )
             return self._client
 

@@ -3,19 +3,22 @@
 Every way in (``pytest_sky.launch``, the plugin's fixtures, ``Cluster.down``, the CLI's
 ``launch``/``down``, the reaper of clusters whose owner died) goes through these functions,
 so a cluster is created, bootstrapped, saved and removed in exactly one way.
-Provisioning is claim -> create -> bootstrap -> save; teardown is stop the client's SSH
-master -> destroy the nodes -> forget the record.
+Provisioning is claim -> create -> bootstrap -> save: the backend's ``create`` returns a
+:class:`~pytest_sky.cluster_info.ClusterInfo` and the record saved as UP holds it.  Teardown
+is stop the client's SSH master -> destroy the nodes (from the backend's journal) -> forget
+the record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 
 from pytest_sky import bootstrap, console, procs
 from pytest_sky.backends import get_backend
-from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.backends.base import Backend, ProvisionConfig
 from pytest_sky.errors import ProvisionError, SkyError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
@@ -48,7 +51,7 @@ def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None =
     reapable) rather than nodes nobody knows of.
     """
     bootstrap.stop_master(store.cluster_dir(record.name) / "ssh_config", record.name)
-    (backend or get_backend(record.backend)).destroy(record)
+    (backend or get_backend(record.backend)).destroy(record.name, store.journal(record.name))
     store.forget(record.name)
 
 
@@ -75,7 +78,6 @@ def _claim(
             "gpus_per_node": resources.gpus_per_node,
         },
         resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
-        cluster_info={"cluster_name": name, "cloud": backend.name, "region": backend.name, "zone": None},
     )
     if not store.claim(record):
         raise ProvisionError(
@@ -94,36 +96,32 @@ def provision(
     """
     record = _claim(backend, store, name, num_nodes, resources, keep)
     cluster_dir = store.cluster_dir(name)
+    journal = store.journal(name)
     keys = ClusterKeys.generate(name, num_nodes)
     started = time.monotonic()
     console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
-
-    def checkpoint(rec: ClusterRecord) -> None:
-        with store.locked():
-            store.save(rec)
-
-    request = ProvisionRequest(
+    config = ProvisionConfig(
         name=name,
         num_nodes=num_nodes,
         resources=resources,
         keys=keys,
         cluster_dir=cluster_dir,
-        node_files=lambda nodes: bootstrap.node_files(name, nodes, keys),
-        checkpoint=checkpoint,
+        journal=journal,
+        home_files=bootstrap.home_files(keys),
     )
     try:
-        nodes: list[NodeAddress] = backend.create(request, record)
-        record.node_ips = [n.ip for n in nodes]
-        record.node_names = [n.hostname for n in nodes]
-        routes = {n.rank: backend.ssh_route(record, n) for n in nodes}
-        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, routes, multiplex=backend.multiplex_client)
+        info = backend.create(config)
+        nodes = list(info.nodes)
+        backend.put_files(name, journal, info, bootstrap.peer_files(name, nodes, keys))
+        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, multiplex=backend.multiplex_client)
         if backend.multiplex_client:
             bootstrap.start_master(cfg, name)
-        record.status = "UP"
-        checkpoint(record)
+        record = dataclasses.replace(record, status="UP", info=info)
+        with store.locked():
+            store.save(record)
     except BaseException:
         try:
-            backend.destroy(record)
+            backend.destroy(name, journal)
         except Exception as exc:  # noqa: BLE001 - the launch's own error is the one to raise
             log.warning("cleanup of %s after a failed launch: %s", name, exc)
         finally:

@@ -1,7 +1,9 @@
 """Cluster records on disk: who owns which cluster, so a later run can reap what a killed one left.
 
 One directory per cluster under ``$PYTEST_SKY_HOME/clusters/<name>/`` holds ``record.json``
-and the cluster's key material and SSH config.  Writers hold a ``filelock`` on the state
+(who owns the cluster and, once it is up, its :class:`~pytest_sky.cluster_info.ClusterInfo`),
+the backend's journal (``backend.json``: what it made, written before it makes it) and the
+cluster's key material and SSH config.  Writers hold a ``filelock`` on the state
 directory: pytest-xdist workers, the CLI and a reaping run may all touch records at once.
 """
 
@@ -17,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
+
+from pytest_sky.cluster_info import ClusterInfo
 
 HOME_ENV = "PYTEST_SKY_HOME"
 
@@ -39,14 +43,15 @@ class ClusterRecord:
     status: str = "PROVISIONING"  # PROVISIONING, UP
     resources: dict = field(default_factory=dict)
     resources_label: str = ""
-    node_names: list[str] = field(default_factory=list)
-    node_ips: list[str] = field(default_factory=list)
-    head_host: str = ""  # where the client dials the head's sshd
-    head_port: int = 22
-    head_proxy_command: str | None = None  # set where the head is not directly reachable
-    python: str = "python3"  # the nodes' interpreter for the agent
-    cluster_info: dict = field(default_factory=dict)
-    backend_data: dict = field(default_factory=dict)
+    info: ClusterInfo | None = None  # what provisioning returned; None while PROVISIONING
+
+    @property
+    def node_ips(self) -> list[str]:
+        return self.info.ips if self.info is not None else []
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.info.hostnames if self.info is not None else []
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -55,7 +60,37 @@ class ClusterRecord:
     def from_json(cls, text: str) -> ClusterRecord:
         data = json.loads(text)
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        if fields.get("info") is not None:
+            fields["info"] = ClusterInfo.from_dict(fields["info"])
+        return cls(**fields)
+
+
+class Journal:
+    """A backend's own record of what it made, kept beside the cluster's record.
+
+    Written before each step that creates something (intent before action), so that from it
+    alone ``destroy`` removes a cluster whose launch was killed half-way, in a later process.
+    Its content is the backend's private business: only the backend that writes it reads it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def update(self, **fields: object) -> dict:
+        """Merge ``fields`` into the journal and make it durable before returning."""
+        data = {**self.load(), **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+        return data
 
 
 class StateStore:
@@ -71,6 +106,9 @@ class StateStore:
 
     def cluster_dir(self, name: str) -> Path:
         return self.root / "clusters" / name
+
+    def journal(self, name: str) -> Journal:
+        return Journal(self.cluster_dir(name) / "backend.json")
 
     def save(self, record: ClusterRecord) -> None:
         d = self.cluster_dir(record.name)

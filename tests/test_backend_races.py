@@ -119,9 +119,9 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     node_dirs = str(home / "clusters" / "killed-mid" / "nodes") + "/"
-    record = StateStore(home).load("killed-mid")
-    assert record is not None
-    cgroups = [c for c in record.backend_data.get("cgroups", []) if c]
+    assert StateStore(home).load("killed-mid") is not None
+    journal = StateStore(home).journal("killed-mid").load()
+    cgroups = [c for c in journal.get("cgroups", []) if c]
     try:
         assert len(netns.node_processes(node_dirs)) >= 3  # the nodes outlived their owner
         assert "killed-mid" in reap_orphans(StateStore(home))
@@ -131,7 +131,7 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
     finally:  # never leak, even when the reaper under test failed
         netns.reap_nodes([], cgroups=cgroups, node_dirs=node_dirs)
         links = [n for n in os.listdir("/sys/class/net") if str(home) in netns.link_alias(n)]
-        netns.delete_links(IP, links + list(record.backend_data.get("veths", [])))
+        netns.delete_links(IP, links + list(journal.get("veths", [])))
 
 
 def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

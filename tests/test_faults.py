@@ -20,9 +20,9 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     c = pytest_sky.launch(num_nodes=3, name=f"fault-{os.getpid() % 10000}-{time.monotonic_ns() % 1000}")
     c.run("true")  # connection and head-to-worker masters up: the fault is the only slow thing
+    data = c.journal.load()
     yield c
     c.down()
-    data = c.record.backend_data
     assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
     assert [n["pid"] for n in data["nodes"] if procs.is_alive(n["pid"], n.get("start_time"))] == []
 
@@ -35,7 +35,7 @@ def wait_running(job, timeout: float = 10) -> None:
 
 
 def node_has(cluster, rank: int, pattern: str) -> bool:
-    init = cluster.record.backend_data["nodes"][rank]["init_pid"]
+    init = cluster.journal.load()["nodes"][rank]["init_pid"]
     proc = subprocess.run(
         ["nsenter", "-t", str(init), "-p", "-m", "pgrep", "-f", pattern], capture_output=True, check=False
     )
@@ -53,7 +53,7 @@ def test_worker_processes_killed(cluster):
     job = cluster.submit("sleep 77")
     wait_running(job)
     wait_for_process(cluster, 1, "^sleep 77")
-    init = cluster.record.backend_data["nodes"][1]["init_pid"]
+    init = cluster.journal.load()["nodes"][1]["init_pid"]
     start = time.monotonic()
     subprocess.run(["nsenter", "-t", str(init), "-p", "-m", "pkill", "-KILL", "-f", "^sleep 77"], check=True)
     assert job.wait(15) == JobStatus.FAILED
@@ -68,7 +68,7 @@ def test_worker_sshd_killed(cluster):
     job = cluster.submit("sleep 78")
     wait_running(job)
     wait_for_process(cluster, 2, "^sleep 78")
-    init = cluster.record.backend_data["nodes"][2]["init_pid"]
+    init = cluster.journal.load()["nodes"][2]["init_pid"]
     start = time.monotonic()
     os.kill(init, signal.SIGKILL)
     assert job.wait(15) == JobStatus.FAILED
@@ -79,7 +79,7 @@ def test_worker_sshd_killed(cluster):
 
 
 def test_attached_run_reports_a_lost_worker(cluster):
-    init = cluster.record.backend_data["nodes"][1]["init_pid"]
+    init = cluster.journal.load()["nodes"][1]["init_pid"]
     killer = subprocess.Popen(
         ["bash", "-c", f"until nsenter -t {init} -p -m pgrep -f '^sleep 79' >/dev/null; do :; done; kill -9 {init}"]
     )

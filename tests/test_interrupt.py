@@ -93,7 +93,7 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     )
     wait_for(signal_file, proc)
     (record,) = records(home)  # the cluster exists, or is being made, right now
-    data = record["backend_data"]
+    data = json.loads((home / "clusters" / record["name"] / "backend.json").read_text())
     links = [data["bridge"], *data["veths"]]
     assert netns.link_exists(data["bridge"])
     proc.send_signal(sig)

@@ -173,7 +173,7 @@ def test_single_node_prefix(sky_home: Path):
 
 def test_teardown_removes_links_processes_and_record(sky_home: Path):
     c = pytest_sky.launch(num_nodes=2, name=f"lbdown-{os.getpid() % 10000}")
-    data = dict(c.record.backend_data)
+    data = c.journal.load()
     assert gone(data, data["bridge"]) == [data["bridge"], *data["veths"], *(str(n["pid"]) for n in data["nodes"])]
     c.down()
     assert gone(data, data["bridge"]) == []

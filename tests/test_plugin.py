@@ -54,7 +54,7 @@ def record(cluster, tag, **extra):
         "name": cluster.name,
         "num_nodes": cluster.num_nodes,
         "node_ips": cluster.node_ips,
-        "links": [cluster.record.backend_data["bridge"], *cluster.record.backend_data["veths"]],
+        "links": [cluster.journal.load()["bridge"], *cluster.journal.load()["veths"]],
         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
         "time": time.time(),
         **extra,
@@ -619,8 +619,8 @@ def test_next_run_reaps_clusters_of_a_killed_run(pytester: pytest.Pytester, sky_
             proc.wait()
     info = recorded(pytester)["killed"]
     name = info["name"]
-    record = json.loads((sky_home / "clusters" / name / "record.json").read_text())
-    links = [record["backend_data"]["bridge"], *record["backend_data"]["veths"]]
+    journal = json.loads((sky_home / "clusters" / name / "backend.json").read_text())
+    links = [journal["bridge"], *journal["veths"]]
     assert sorted(links) == sorted(info["links"])
     # The owner is gone; its cluster is not.
     assert set(links) <= link_names()

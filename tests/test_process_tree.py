@@ -108,7 +108,7 @@ def test_nodes_have_cgroups_of_their_own_and_leave_none_behind(home: Path):
     assert root is not None, "this host has no writable cgroup2 hierarchy (see /proc/mounts)"
     c = pytest_sky.launch(num_nodes=2, name=f"tree-cg-{os.getpid() % 10000}")
     try:
-        paths = [Path(p) for p in c.record.backend_data["cgroups"]]
+        paths = [Path(p) for p in c.journal.load()["cgroups"]]
         assert all(p.parent == root and p.is_dir() for p in paths)
         # Inside, a node sees its own cgroup as the root (a cgroup namespace), writable.
         res = c.run("cat /proc/self/cgroup; ls /sys/fs/cgroup/cgroup.kill")

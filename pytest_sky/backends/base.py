@@ -1,43 +1,38 @@
 """The small interface every backend implements: bring nodes up, take them down.
 
-A backend knows how to make N machines that run sshd with the host keys it is given, and
-how to remove them again from nothing but the cluster's record (so a later process can
-reap a cluster whose owner died).  Keys, SSH configs, the agent and the runner are shared.
+``create`` takes a :class:`ProvisionConfig` and returns a
+:class:`~pytest_sky.cluster_info.ClusterInfo`; it changes nothing of its caller's and is
+never asked anything on the run path.  What it made, it writes to the config's journal
+before making it, so that ``destroy`` can remove a cluster from the journal alone, in a
+later process whose owner died (the reaper).  Keys, SSH configs, the agent and the runner
+are shared by every backend.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
-from pytest_sky.state import ClusterRecord
+from pytest_sky.state import Journal
+
+#: A node's home files: path relative to the home -> (content, mode).
+HomeFiles = dict[str, tuple[bytes, int]]
 
 
 @dataclass(frozen=True)
-class NodeAddress:
-    rank: int
-    name: str  # "head", "worker1", ...
-    hostname: str  # "<cluster>-head", "<cluster>-worker1", ...
-    ip: str  # internal address: what SKYPILOT_NODE_IPS lists
-
-
-@dataclass(frozen=True)
-class ProvisionRequest:
+class ProvisionConfig:
     name: str
     num_nodes: int
     resources: Resources
     keys: ClusterKeys
     cluster_dir: Path  # private to this cluster; the backend may keep files here
-    #: Given every node's address, the files each node's home needs (path relative to the
-    #: home -> (content, mode)).  Backends call it once the addresses are known.
-    node_files: Callable[[list[NodeAddress]], dict[str, tuple[bytes, int]]]
-    #: Persist the record now: called as soon as something exists that must be reaped.
-    checkpoint: Callable[[ClusterRecord], None]
+    journal: Journal
+    #: What every node's home gets before its sshd starts (keys, the agent).
+    home_files: HomeFiles
 
 
 class Backend(ABC):
@@ -60,32 +55,17 @@ class Backend(ABC):
         """Refuse a request this backend can never satisfy, before anything is created."""
 
     @abstractmethod
-    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
-        """Start every node with its host key and files; return once every sshd answers.
+    def create(self, config: ProvisionConfig) -> ClusterInfo:
+        """Start every node with its host key and home files; return once every sshd answers.
 
-        Fills ``record`` (backend_data, head_host, python) with what ``destroy`` and the
-        runner need, saving it through ``record``'s owner as it goes; on failure it removes
-        what it made before raising.
+        On failure it removes what it made before raising.
         """
 
     @abstractmethod
-    def destroy(self, record: ClusterRecord) -> None:
-        """Remove everything of the cluster; tolerate parts that are already gone."""
+    def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
+        """Write files into every node's home that could only be written once every
+        address was known (``~/.ssh/config`` and ``known_hosts`` name the peers' IPs)."""
 
-    def ssh_route(self, record: ClusterRecord, node: NodeAddress) -> dict[str, Any]:
-        """How the client dials a node's sshd: ``HostEntry`` fields (hostname, port,
-        proxy_command, proxy_jump).  Default: straight to its address."""
-        return {"hostname": node.ip}
-
-    def rank_env(self, record: ClusterRecord) -> dict[str, dict[str, str]]:
-        """Per-rank environment (rank as a string -> variables), e.g. each node's GPU share."""
-        return {}
-
-    def forward_env(self) -> dict[str, str]:
-        """Environment every rank gets from this backend (the local one forwards PATH)."""
-        return {}
-
-    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> bool:
-        """Copy ``workdir`` to every node's ``~/sky_workdir`` and each file mount to its path,
-        if this backend has a faster way than SSH; False means "use SSH" (the default)."""
-        return False
+    @abstractmethod
+    def destroy(self, name: str, journal: Journal) -> None:
+        """Remove everything the journal says the cluster has; tolerate parts already gone."""

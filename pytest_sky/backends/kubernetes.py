@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sky import console, naming
 from pytest_sky.backends import kube_manifests as manifests
-from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.backends.base import Backend, HomeFiles, ProvisionConfig
+from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
 from pytest_sky.resources import Resources
-from pytest_sky.state import ClusterRecord
+from pytest_sky.state import Journal
 
 if TYPE_CHECKING:
     from kubernetes import client as kclient
@@ -164,100 +165,111 @@ class KubernetesBackend(Backend):
             return True
         return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
 
-    def cluster_info(self) -> dict[str, Any]:
-        return {"cloud": "kubernetes", "region": self.context, "zone": self.namespace}
-
     # -- lifecycle -------------------------------------------------------------------------
 
-    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
+    def create(self, config: ProvisionConfig) -> ClusterInfo:
         from kubernetes.client.exceptions import ApiException
 
         api = self.api()
-        name, ns = request.name, self.namespace
-        record.python = "python3"
-        record.backend_data = {
-            "context": self.context,
-            "namespace": ns,
-            "kubeconfig": self.kubeconfig,
-            "image": self.image,
-            "pods": [manifests.pod_name(name, r) for r in range(request.num_nodes)],
-        }
-        record.cluster_info = {"cluster_name": name, **self.cluster_info()}
-        request.checkpoint(record)
+        name, ns = config.name, self.namespace
+        journal = config.journal
+        journal.update(
+            context=self.context,
+            namespace=ns,
+            kubeconfig=self.kubeconfig,
+            image=self.image,
+            pods=[manifests.pod_name(name, r) for r in range(config.num_nodes)],
+        )
+        home = config.home_files
         # Host keys and the cluster key go in the Secret now; files that need pod IPs follow.
         files = {
-            "authorized_keys": request.keys.cluster.public_line.encode() + b"\n",
-            "id_ed25519": request.keys.cluster.private_openssh,
-            "id_ed25519.pub": request.keys.cluster.public_line.encode() + b"\n",
-            "agent.py": _agent_source(),
+            "authorized_keys": home[".ssh/authorized_keys"][0],
+            "id_ed25519": home[".ssh/id_ed25519"][0],
+            "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
+            "agent.py": home[".sky/agent.py"][0],
             manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
         }
-        for rank, key in enumerate(request.keys.hosts):
+        for rank, key in enumerate(config.keys.hosts):
             files[f"host_key_{rank}"] = key.private_openssh
         try:
             api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
             api.create_namespaced_service(ns, manifests.service(name, ns))
-            for rank in range(request.num_nodes):
-                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, request.resources))
+            for rank in range(config.num_nodes):
+                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, config.resources))
         except ApiException as exc:
-            self._cleanup(record)
+            self._cleanup(name, journal)
             if exc.status == 403:
                 raise ProvisionError(
                     f"no permission in namespace {ns!r} of kube context {self.context!r}: {_api_message(exc)}"
                 ) from None
             raise ProvisionError(f"the API server refused the cluster's objects: {_api_message(exc)}") from None
         except BaseException:
-            self._cleanup(record)
+            self._cleanup(name, journal)
             raise
         try:
-            ips = self._wait_running(name, request.num_nodes)
-            nodes = [
-                NodeAddress(rank=r, name=naming.node_name(r), hostname=manifests.pod_name(name, r), ip=ip)
-                for r, ip in enumerate(ips)
-            ]
-            self._install_node_files(name, nodes, request.node_files(nodes))
-            self._wait_banners([n.hostname for n in nodes])
-            record.head_host = nodes[0].hostname
-            record.head_proxy_command = self.proxy_command(nodes[0].hostname)
-            return nodes
+            ips = self._wait_running(name, config.num_nodes)
+            self._wait_banners([manifests.pod_name(name, r) for r in range(config.num_nodes)])
+            return ClusterInfo(
+                nodes=tuple(self._node_info(name, r, ip) for r, ip in enumerate(ips)),
+                python="python3",
+                cloud="kubernetes",
+                region=self.context,
+                zone=ns,
+            )
         except BaseException:
-            self._cleanup(record)
+            self._cleanup(name, journal)
             raise
 
-    def _cleanup(self, record: ClusterRecord) -> None:
+    def _node_info(self, cluster: str, rank: int, ip: str) -> NodeInfo:
+        """The head is reached by port-forward, workers through the head."""
+        pod = manifests.pod_name(cluster, rank)
+        if rank == 0:
+            route = SshRoute(hostname=pod, proxy_command=self.proxy_command(pod))
+        else:
+            route = SshRoute(hostname=ip, proxy_jump=cluster)
+        return NodeInfo(rank=rank, name=naming.node_name(rank), hostname=pod, ip=ip, route=route)
+
+    def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
+        try:
+            self._install_node_files(list(info.nodes), files)
+        except BaseException:
+            self._cleanup(name, journal)
+            raise
+
+    def _cleanup(self, name: str, journal: Journal) -> None:
         """Best-effort removal after a failed launch: the launch's own error is the one to show."""
         try:
-            self.destroy(record)
+            self.destroy(name, journal)
         except Exception as exc:  # noqa: BLE001 - e.g. no permission to delete what we could not create
-            log.warning("cleanup of %s after a failed launch: %s", record.name, exc)
+            log.warning("cleanup of %s after a failed launch: %s", name, exc)
 
-    def destroy(self, record: ClusterRecord) -> None:
+    def destroy(self, name: str, journal: Journal) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        data = record.backend_data or {}
+        data = journal.load()
         if data.get("context") and data.get("context") != "in-cluster":
             self.context = data["context"]
             self.kubeconfig = data.get("kubeconfig") or self.kubeconfig
         self.namespace = data.get("namespace") or self.namespace
         api = self.api()
-        sel = manifests.selector(record.name)
+        sel = manifests.selector(name)
         ns = self.namespace
         for delete in (api.delete_collection_namespaced_pod, api.delete_collection_namespaced_secret):
             try:
                 delete(ns, label_selector=sel, grace_period_seconds=0)
             except ApiException as exc:
                 if exc.status != 404:
-                    raise ProvisionError(f"could not delete {record.name}'s objects: {_api_message(exc)}") from None
+                    raise ProvisionError(f"could not delete {name}'s objects: {_api_message(exc)}") from None
         try:
-            api.delete_namespaced_service(record.name, ns)
+            api.delete_namespaced_service(name, ns)
         except ApiException as exc:
             if exc.status != 404:
-                raise ProvisionError(f"could not delete service {record.name}: {_api_message(exc)}") from None
+                raise ProvisionError(f"could not delete service {name}: {_api_message(exc)}") from None
         # Deleted pods linger while they terminate: "down" means gone, so wait for that.
         deadline = time.monotonic() + 120
         while api.list_namespaced_pod(ns, label_selector=sel).items:
             if time.monotonic() > deadline:
-                log.warning("pods of %s are still terminating after 120 s", record.name)
+                log.warning("pods of %s are still terminating after 120 s", name)
                 break
             time.sleep(0.1)
 
@@ -352,18 +364,17 @@ class KubernetesBackend(Backend):
 
     # -- files that need pod IPs -----------------------------------------------------------
 
-    def _install_node_files(self, cluster: str, nodes: list[NodeAddress], files: dict[str, tuple[bytes, int]]) -> None:
-        """~/.ssh/config and known_hosts name every pod by IP, so write them once IPs exist."""
-        wanted = {k: v for k, v in files.items() if k in (".ssh/config", ".ssh/known_hosts")}
+    def _install_node_files(self, nodes: list[NodeInfo], files: HomeFiles) -> None:
+        """~/.ssh/config and known_hosts name every pod by IP, so they are written once IPs exist."""
         script = ["set -e", "umask 077", 'mkdir -p "$HOME/.ssh"']
-        for rel, (content, mode) in wanted.items():
+        for rel, (content, mode) in files.items():
             b64 = base64.b64encode(content).decode()
             script.append(f'echo {b64} | base64 -d > "$HOME/{rel}"')
             script.append(f'chmod {mode:o} "$HOME/{rel}"')
         command = ["/bin/sh", "-c", "\n".join(script)]
         errors: dict[str, str] = {}
 
-        def one(node: NodeAddress) -> None:
+        def one(node: NodeInfo) -> None:
             try:
                 code, out = self.exec(node.hostname, command)
             except Exception as exc:  # noqa: BLE001 - a pod that died under us refuses the exec: say so
@@ -431,12 +442,6 @@ class KubernetesBackend(Backend):
                 raise ProvisionError(err)
             raise ProvisionError(f"pod {pod}: {err}{self._events_suffix(pod, True)}")
 
-    def ssh_route(self, record: ClusterRecord, node: NodeAddress) -> dict[str, Any]:
-        """How the client reaches a node: the head by port-forward, workers through the head."""
-        if node.rank == 0:
-            return {"hostname": node.hostname, "proxy_command": self.proxy_command(node.hostname)}
-        return {"hostname": node.ip, "proxy_jump": record.name}
-
     def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
         from kubernetes.stream import stream
 
@@ -462,9 +467,3 @@ class KubernetesBackend(Backend):
         resp.close()
         code = resp.returncode
         return (code if code is not None else 1), "".join(out)
-
-
-def _agent_source() -> bytes:
-    from pytest_sky.bootstrap import AGENT_SOURCE
-
-    return AGENT_SOURCE.read_bytes()

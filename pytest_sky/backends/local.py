@@ -22,12 +22,13 @@ from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
 from pytest_sky.backends import netns
-from pytest_sky.backends.base import Backend, NodeAddress, ProvisionRequest
+from pytest_sky.backends.base import Backend, HomeFiles, ProvisionConfig
+from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh import sshd
 from pytest_sky.ssh.keys import write_private
-from pytest_sky.state import ClusterRecord
+from pytest_sky.state import Journal
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def veth_name(index: int, rank: int) -> str:
     return f"{netns.LINK_PREFIX}{index}n{rank}"
 
 
-def hosts_file(nodes: list[NodeAddress]) -> str:
+def hosts_file(nodes: list[NodeInfo]) -> str:
     """Every node by name, also in ``::ffff:`` form: gloo binds to what the hostname resolves
     to, and torch's c10d store reverse-resolves IPv4-mapped peers (else a 1 s DNS wait)."""
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
@@ -118,11 +119,7 @@ class LocalBackend(Backend):
             self._devices = visible if visible is not None else gpus.detect_devices()
         return self._devices
 
-    def rank_env(self, record: ClusterRecord) -> dict[str, dict[str, str]]:
-        shares = record.backend_data.get("cuda_visible_devices") or []
-        return {str(rank): {"CUDA_VISIBLE_DEVICES": share} for rank, share in enumerate(shares)}
-
-    def forward_env(self) -> dict[str, str]:
+    def _forward_env(self) -> dict[str, str]:
         """The interpreter pytest runs under comes first on every node's PATH, activated or not,
         so ``python`` and ``torchrun`` in a run section are the test's own."""
         bindir = os.path.dirname(sys.executable)
@@ -138,62 +135,70 @@ class LocalBackend(Backend):
             env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
         return env
 
-    def create(self, request: ProvisionRequest, record: ClusterRecord) -> list[NodeAddress]:
+    def create(self, config: ProvisionConfig) -> ClusterInfo:
         tools = netns.require_tools()
-        index = self._lease_subnet(tools["ip"], str(request.cluster_dir))
+        journal = config.journal
+        index = self._lease_subnet(tools["ip"], str(config.cluster_dir))
         subnet, base = subnet_of(index)
-        record.backend_data = {
-            "index": index,
-            "bridge": bridge_name(index),
-            "veths": [veth_name(index, r) for r in range(request.num_nodes)],
-            "nodes": [],
-        }
-        record.backend_data["cuda_visible_devices"] = gpus.allocate(
-            self.devices(), request.num_nodes, request.resources.accelerators
-        )
-        record.head_host = base + "2"
-        record.python = sys.executable
-        request.checkpoint(record)
+        veths = [veth_name(index, r) for r in range(config.num_nodes)]
+        journal.update(index=index, bridge=bridge_name(index), veths=veths, nodes=[])
         try:
-            nodes = [
-                NodeAddress(
-                    rank=r,
-                    name=naming.node_name(r),
-                    hostname=naming.node_hostname(request.name, r),
-                    ip=f"{base}{2 + r}",
-                )
-                for r in range(request.num_nodes)
-            ]
-            specs = self._write_node_dirs(request, nodes, index)
-            # Intent before action: a run killed while its nodes start leaves a record from
+            shares = gpus.allocate(self.devices(), config.num_nodes, config.resources.accelerators)
+            info = ClusterInfo(
+                nodes=tuple(self._node_info(config.name, r, f"{base}{2 + r}", shares) for r in range(config.num_nodes)),
+                python=sys.executable,
+                env=self._forward_env(),
+                cloud=self.name,
+                region=self.name,
+            )
+            specs = self._write_node_dirs(config, info, index)
+            # Intent before action: a run killed while its nodes start leaves a journal from
             # which the next run's reaper finds them (their cgroups, their command lines).
-            record.backend_data["cgroups"] = [str(netns.node_cgroup(s.veth) or "") for s in specs]
-            record.backend_data["node_dirs"] = str(request.cluster_dir / "nodes") + "/"
-            request.checkpoint(record)
+            journal.update(
+                cgroups=[str(netns.node_cgroup(s.veth) or "") for s in specs],
+                node_dirs=str(config.cluster_dir / "nodes") + "/",
+            )
             started = netns.start_nodes(
                 specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
             )
-            self._nodes[request.name] = started
-            record.backend_data["nodes"] = [
-                {
-                    "pid": n.pid,
-                    "init_pid": n.init_pid,
-                    "start_time": procs.start_time(n.pid),
-                    "log": str(n.log_path),
-                }
-                for n in started
-            ]
-            request.checkpoint(record)
+            self._nodes[config.name] = started
+            journal.update(
+                nodes=[
+                    {
+                        "pid": n.pid,
+                        "init_pid": n.init_pid,
+                        "start_time": procs.start_time(n.pid),
+                        "log": str(n.log_path),
+                    }
+                    for n in started
+                ]
+            )
             self._wait_ready(started)
-            return nodes
+            return info
         except BaseException:
-            self.destroy(record)
+            self.destroy(config.name, journal)
             raise
 
-    def destroy(self, record: ClusterRecord) -> None:
-        data = record.backend_data or {}
+    @staticmethod
+    def _node_info(cluster: str, rank: int, ip: str, shares: list[str]) -> NodeInfo:
+        return NodeInfo(
+            rank=rank,
+            name=naming.node_name(rank),
+            hostname=naming.node_hostname(cluster, rank),
+            ip=ip,
+            route=SshRoute(hostname=ip),
+            env={"CUDA_VISIBLE_DEVICES": shares[rank]} if shares else {},
+        )
+
+    def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
+        root = Path(journal.load()["node_dirs"])
+        for node in info.nodes:
+            _write_home(root / str(node.rank) / "home", files)
+
+    def destroy(self, name: str, journal: Journal) -> None:
+        data = journal.load()
         tools = netns.require_tools()
-        started = self._nodes.pop(record.name, None)
+        started = self._nodes.pop(name, None)
         if started is not None:
             netns.stop_nodes(tools["ip"], started)
         else:
@@ -203,19 +208,6 @@ class LocalBackend(Backend):
             )
         if data.get("bridge"):
             netns.delete_links(tools["ip"], [data["bridge"]])
-
-    def sync_to_nodes(self, record: ClusterRecord, workdir: str | None, file_mounts: dict[str, str]) -> bool:
-        homes = [Path(n["log"]).parent / "home" for n in record.backend_data.get("nodes", [])]
-        for home in homes:
-            if workdir:
-                _copy(Path(workdir), home / "sky_workdir")
-            for remote, local in file_mounts.items():
-                if remote.startswith("~/"):
-                    _copy(Path(local), home / remote[2:])
-        for remote, local in file_mounts.items():
-            if not remote.startswith("~/"):
-                _copy(Path(local), Path(remote))  # one shared filesystem: one copy serves all
-        return True
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.
@@ -274,13 +266,12 @@ class LocalBackend(Backend):
             "198.18.0.0/15 with `ip link` and `ip route show table all`)"
         )
 
-    def _write_node_dirs(self, request: ProvisionRequest, nodes: list[NodeAddress], index: int) -> list[netns.NodeSpec]:
-        files = request.node_files(nodes)
-        hosts = hosts_file(nodes)
-        path_env = self.forward_env()["PATH"]
+    def _write_node_dirs(self, config: ProvisionConfig, info: ClusterInfo, index: int) -> list[netns.NodeSpec]:
+        hosts = hosts_file(list(info.nodes))
+        path_env = info.env["PATH"]
         specs = []
-        for node in nodes:
-            root = request.cluster_dir / "nodes" / str(node.rank)
+        for node in info.nodes:
+            root = config.cluster_dir / "nodes" / str(node.rank)
             if root.exists():
                 shutil.rmtree(root)
             (root / "etc").mkdir(parents=True, mode=0o700)
@@ -291,18 +282,11 @@ class LocalBackend(Backend):
             os.chmod(root / "etc" / "passwd", 0o644)
             os.chmod(root / "etc" / "hosts", 0o644)
             host_key = root / "ssh_host_ed25519_key"
-            write_private(host_key, request.keys.hosts[node.rank].private_openssh)
+            write_private(host_key, config.keys.hosts[node.rank].private_openssh)
             (root / "sshd_config").write_text(
                 sshd.render(listen=f"{node.ip}:22", host_key=str(host_key), pid_file="/run/sshd.pid", path_env=path_env)
             )
-            for rel, (content, mode) in files.items():
-                dest = home / rel
-                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                if mode & 0o077 == 0:
-                    write_private(dest, content)
-                else:
-                    dest.write_bytes(content)
-                    os.chmod(dest, mode)
+            _write_home(home, config.home_files)
             specs.append(
                 netns.NodeSpec(
                     hostname=node.hostname,
@@ -361,12 +345,12 @@ class LocalBackend(Backend):
             raise ProvisionError(f"node {first[0]} did not come up: {first[1]}")
 
 
-def _copy(src: Path, dest: Path) -> None:
-    """Replace ``dest`` with a copy of ``src`` (a file or a directory tree)."""
-    if dest.is_dir() and not dest.is_symlink():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_dir():
-        shutil.copytree(src, dest, symlinks=True)
-    else:
-        shutil.copy2(src, dest)
+def _write_home(home: Path, files: HomeFiles) -> None:
+    for rel, (content, mode) in files.items():
+        dest = home / rel
+        dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if mode & 0o077 == 0:
+            write_private(dest, content)
+        else:
+            dest.write_bytes(content)
+            os.chmod(dest, mode)

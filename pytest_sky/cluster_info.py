@@ -1,0 +1,74 @@
+"""What provisioning returns: per rank, everything the client needs afterwards.
+
+A backend's ``create`` ends with a :class:`ClusterInfo` (SkyPilot's provisioners do the same
+with theirs): each node's name, hostname and internal IP, how the client reaches its sshd,
+and the environment the backend gives it.  From then on nothing asks the backend again: the
+run path, the CLI of another process and the reaper work from this value, saved in the
+cluster's record.  Plain data, so it lives below everything that passes it around.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class SshRoute:
+    """How the client dials one node's sshd (the fields of its ``Host`` block)."""
+
+    hostname: str
+    port: int = 22
+    proxy_command: str | None = None  # where the node is not directly reachable (a port-forward)
+    proxy_jump: str | None = None  # the alias of the node to hop through (workers behind a head)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    rank: int
+    name: str  # "head", "worker1", ...
+    hostname: str  # "<cluster>-head", "<cluster>-worker1", ...
+    ip: str  # internal address: what SKYPILOT_NODE_IPS lists
+    route: SshRoute
+    #: What this node's ranks get from the backend, e.g. its GPU share (CUDA_VISIBLE_DEVICES);
+    #: the task's own envs win over it.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nodes: tuple[NodeInfo, ...]
+    python: str = "python3"  # the nodes' interpreter, which runs the agent
+    #: What every rank gets from the backend (the local one puts the test's interpreter
+    #: first on PATH); the task's envs and ``env=`` win over it.
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: SKYPILOT_CLUSTER_INFO's fields besides the cluster's name.
+    cloud: str = "local"
+    region: str | None = "local"
+    zone: str | None = None
+
+    @property
+    def head(self) -> NodeInfo:
+        return self.nodes[0]
+
+    @property
+    def ips(self) -> list[str]:
+        return [n.ip for n in self.nodes]
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [n.hostname for n in self.nodes]
+
+    def skypilot_info(self, cluster: str) -> dict[str, str | None]:
+        """SKYPILOT_CLUSTER_INFO as SkyPilot spells it."""
+        return {"cluster_name": cluster, "cloud": self.cloud, "region": self.region, "zone": self.zone}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ClusterInfo:
+        nodes = tuple(
+            NodeInfo(**{**n, "route": SshRoute(**n["route"]), "env": dict(n.get("env") or {})}) for n in data["nodes"]
+        )
+        return cls(**{**data, "nodes": nodes, "env": dict(data.get("env") or {})})
