@@ -6,10 +6,17 @@ Every node gets the cluster key and a copy of the agent before its sshd starts
 (:func:`home_files`), then, once every address is known, the same ``~/.ssh/config`` and
 ``known_hosts`` (:func:`peer_files`: head -> worker works, and so does worker -> worker,
 which mpirun's tree spawn uses).
+
+The agent travels as one zipapp, ``~/.sky/agent.pyz`` (:func:`agent_bundle`): ``agent`` and
+the stdlib-only modules it imports (``protocol``, ``naming``, ``procs``), generated from this
+package on every launch, so the head always runs the same protocol as the client.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import zipfile
 from pathlib import Path
 
 from pytest_sky.backends.base import HomeFiles
@@ -17,8 +24,71 @@ from pytest_sky.cluster_info import NodeInfo
 from pytest_sky.ssh import config as ssh_config
 from pytest_sky.ssh.keys import ClusterKeys, known_hosts_lines, write_private
 
-AGENT_PATH = "~/.sky/agent.py"
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
+#: Where the agent lives in a node's home (a home file), and how a command line names it.
+AGENT_FILE = ".sky/agent.pyz"
+AGENT_PATH = "~/" + AGENT_FILE
+#: The agent and the stdlib-only modules it imports: one zipapp, generated, never copied by hand.
+AGENT_MODULES = ("agent", "naming", "procs", "protocol")
+#: The bundle's entry; its ``pytest_sky/__init__.py`` is empty (the package's own imports
+#: everything, on a node that has none of it).
+AGENT_MAIN = b"from pytest_sky.agent import entry\n\nentry()\n"
+
+
+@functools.cache
+def agent_bundle() -> bytes:
+    """The agent as one zipapp, run as ``python -I -S ~/.sky/agent.pyz MODE``.
+
+    Built in memory from this package's own modules, the same bytes for the same code (sorted
+    entries, a fixed date, stored uncompressed: no zlib version in the result), so that a
+    node's copy can be compared and nothing differs between two launches.  Each module also
+    comes compiled for this interpreter (:func:`_bytecode`): a python reads no ``.pyc`` of
+    a script, and compiling the agent's source cost ~10 ms of every run.
+    """
+    package = Path(__file__).parent
+    sources = {f"pytest_sky/{m}.py": (package / f"{m}.py").read_bytes() for m in AGENT_MODULES}
+    members = {"__main__.py": AGENT_MAIN, "pytest_sky/__init__.py": b"", **sources}
+    members.update({name + "c": pyc for name, pyc in _bytecode(sources).items()})
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as bundle:
+        for name in sorted(members):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            bundle.writestr(info, members[name])
+    return out.getvalue()
+
+
+# Run in a fresh interpreter: marshal writes each string as interned or shared the way the
+# writing process happens to hold it, so only a process in a known state (no site, a fixed
+# hash seed) gives the same bytes for the same source.
+_COMPILE = f"""
+import importlib.util, marshal, sys
+out = {{}}
+for name, source in marshal.loads(sys.stdin.buffer.read()).items():
+    code = compile(source, {AGENT_PATH!r} + "/" + name, "exec", dont_inherit=True, optimize=0)
+    header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + importlib.util.source_hash(source)
+    out[name] = header + marshal.dumps(code)
+sys.stdout.buffer.write(marshal.dumps(out))
+"""
+
+
+def _bytecode(sources: dict[str, bytes]) -> dict[str, bytes]:
+    """A ``.pyc`` of each source for this python: hash-based and unchecked (PEP 552), so no
+    timestamp lands in the bundle.  A node whose python differs (another magic number) skips
+    it and compiles the source beside it, as zipimport does."""
+    import marshal
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-s", "-c", _COMPILE],
+        input=marshal.dumps(sources),
+        capture_output=True,
+        env={"PYTHONHASHSEED": "0"},
+        cwd="/",
+        timeout=120,
+        check=True,
+    )
+    return marshal.loads(done.stdout)
 
 
 def node_names(cluster: str, node: NodeInfo) -> list[str]:
@@ -38,7 +108,7 @@ def home_files(keys: ClusterKeys) -> HomeFiles:
         ".ssh/authorized_keys": (keys.cluster.public_line.encode() + b"\n", 0o600),
         ".ssh/id_ed25519": (keys.cluster.private_openssh, 0o600),
         ".ssh/id_ed25519.pub": (keys.cluster.public_line.encode() + b"\n", 0o644),
-        ".sky/agent.py": (AGENT_SOURCE.read_bytes(), 0o644),
+        AGENT_FILE: (agent_bundle(), 0o644),
     }
 
 

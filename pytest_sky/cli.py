@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from pytest_sky import console, naming
 from pytest_sky.errors import CommandFailedError, SkyError
+from pytest_sky.protocol import LIVE, JobStatus
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -86,7 +87,7 @@ def _follow(cluster, job) -> int:
         console.error(f"job {job.id}: {result.error}")
     if result is not None:
         return result.returncode
-    return 0 if status == "SUCCEEDED" else 1
+    return 0 if status == JobStatus.SUCCEEDED else 1
 
 
 def _run_task(cluster, task, detach: bool) -> int:
@@ -227,7 +228,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     cluster = _cluster(args.cluster)
     if args.all:
-        ids = [j["id"] for j in cluster.queue() if j["status"] in ("PENDING", "RUNNING")]
+        ids = [j["id"] for j in cluster.queue() if j["status"] in LIVE]
     elif args.job is not None:
         ids = [args.job]
     else:

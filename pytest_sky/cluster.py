@@ -6,25 +6,24 @@ the public API's doors to it, shared by the pytest plugin and the command line.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pytest_sky import bootstrap, lifecycle, naming, runner
-from pytest_sky.agent import encode_spec
+from pytest_sky import bootstrap, lifecycle
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
+from pytest_sky.protocol import NodeRef, RunSpec
 from pytest_sky.resources import Resources
-from pytest_sky.runner import RunResult
+from pytest_sky.runner import AgentClient, RunResult
 from pytest_sky.ssh import client as ssh_client
 from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, validate_envs
@@ -123,15 +122,7 @@ class Cluster:
         task = as_task(cmd_or_task, self.num_nodes)
         self._check_fits(task)
         self._sync(task)
-        spec = self._spec(task, env)
-        result = runner.run(
-            self._connection(),
-            spec,
-            python=self.info.python,
-            agent_path=bootstrap.AGENT_PATH,
-            timeout=timeout,
-            on_line=on_line,  # type: ignore[arg-type]
-        )
+        result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)  # type: ignore[arg-type]
         self.last_result = result
         self.results.append(result)
         return result
@@ -141,21 +132,16 @@ class Cluster:
         task = as_task(cmd_or_task, self.num_nodes)
         self._check_fits(task)
         self._sync(task)
-        spec = self._spec(task, env)
-        code, out = self._agent(["submit"], stdin=encode_spec(spec))
-        try:
-            event = json.loads(out.splitlines()[-1])
-        except (ValueError, IndexError):
-            raise RunError(f"could not submit a job to {self.name}: agent exit {code}") from None
-        return Job(self, event["id"], event["task_id"])
+        agent = self._agent
+        event = agent.submit(self._spec(task, env))
+        return Job(agent, event.id, event.task_id)
 
     def queue(self) -> list[dict]:
-        """Every job of this cluster with its status (oldest first)."""
-        _, out = self._agent(["jobs", "all"])
-        return json.loads(out or b"[]")
+        """Every job of this cluster with its status (oldest first), as the head records it."""
+        return [record.as_dict() for record in self._agent.jobs()]  # type: ignore[attr-defined]
 
     def job(self, job_id: int) -> Job:
-        return Job(self, int(job_id))
+        return Job(self._agent, int(job_id))
 
     def down(self) -> None:
         """Remove every node and the cluster's record; safe to call twice."""
@@ -193,46 +179,30 @@ class Cluster:
                 "launch it with gpus=... (or drop resources.accelerators)"
             )
 
-    def _agent(self, args: list[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
-        return runner.agent_call(
-            self._connection(),
-            args,
-            python=self.info.python,
-            agent_path=bootstrap.AGENT_PATH,
-            stdin=stdin,
-            timeout=timeout,
-        )
+    @property
+    def _agent(self) -> AgentClient:
+        """The agent on the head, over this handle's one connection (opened when first used)."""
+        return AgentClient(self.name, self._connection, self.info.python, bootstrap.AGENT_PATH)
 
-    def _agent_stream(self, args: list[str]) -> Iterator[str]:
-        return runner.agent_stream(
-            self._connection(), args, python=self.info.python, agent_path=bootstrap.AGENT_PATH
-        )
-
-    def _spec(self, task: Task, env: dict[str, str] | None) -> dict:
-        envs = dict(self.info.env)
+    def _spec(self, task: Task, env: dict[str, str] | None) -> RunSpec:
+        info = self.info
+        envs = dict(info.env)  # the backend's, for every rank; the task's and env= win
         envs.setdefault("PYTHONUNBUFFERED", "1")
         envs.update(task.envs)
         envs.update(validate_envs(env))
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
-        nodes = [
-            {"rank": r, "name": naming.node_name(r), "ip": ip, "ssh_target": ip}
-            for r, ip in enumerate(self._record.node_ips[: task.num_nodes])
-        ]
-        return {
-            "cluster": self.name,
-            "nodes": nodes,
-            "num_nodes": len(nodes),
-            "task_name": task.display_name,
-            "setup": task.setup,
-            "run": task.run,
-            "env": envs,
-            "cwd": "~/sky_workdir" if task.workdir else None,
-            "gpus_per_node": self._gpus_per_node(task),
-            "cluster_info": self.info.skypilot_info(self.name),
-            "python": self.info.python,
-            "agent_path": bootstrap.AGENT_PATH,
-            "rank_env": {str(n.rank): dict(n.env) for n in self.info.nodes},
-        }
+        nodes = [NodeRef(n.rank, n.name, n.ip, ssh_target=n.ip, env=dict(n.env)) for n in info.nodes[: task.num_nodes]]
+        return RunSpec(
+            cluster=self.name,
+            task_name=task.display_name,
+            nodes=nodes,
+            run=task.run,
+            setup=task.setup,
+            env=envs,
+            cwd="~/sky_workdir" if task.workdir else None,
+            gpus_per_node=self._gpus_per_node(task),
+            cluster_info=info.skypilot_info(self.name),
+        )
 
     def _gpus_per_node(self, task: Task) -> int:
         if task.resources.accelerators is not None:

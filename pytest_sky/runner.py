@@ -1,27 +1,46 @@
-"""The client side of a run: one exec of the agent on the head, its events turned into results.
+"""The client's side of the agent: :class:`AgentClient`, and the ``RunResult`` its events make.
 
-The agent (``agent.py``) does the fan-out on the head; this module only sends the spec,
-streams the events and builds the :class:`RunResult` of the public contract.  Closing the
-channel is the agent's signal to stop every rank, which is how timeouts and Ctrl-C stop
-remote work.
+A run goes ``Cluster.run`` (builds the :class:`~pytest_sky.protocol.RunSpec`) ->
+:meth:`AgentClient.run` (execs ``agent.pyz run`` on the head over the cluster's SSH
+connection, writes the spec, reads the events) -> ``agent`` on the head (fans out to every
+rank) and back: each :mod:`~pytest_sky.protocol` event goes to its handler in
+:class:`_Collector`, which builds the :class:`RunResult` of the public contract.  Closing
+the channel is the agent's signal to stop every rank, which is how timeouts and Ctrl-C stop
+remote work.  Detached jobs (``job.Job``) use the client's other commands: ``submit``,
+``jobs``, ``wait``, ``logs``, ``events``, ``cancel``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from pytest_sky.agent import encode_spec, line_prefix
 from pytest_sky.errors import RunError, RunTimeoutError
+from pytest_sky.naming import line_prefix
+from pytest_sky.protocol import (
+    DoneEvent,
+    Event,
+    JobEvent,
+    JobRecord,
+    LineEvent,
+    RunSpec,
+    SpecEvent,
+    StartEvent,
+    decode_event,
+    decode_record,
+    decode_records,
+    encode_spec,
+)
 
 if TYPE_CHECKING:
     import paramiko
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,63 +72,81 @@ class RunResult:
         return f"RunResult(job {self.job_id}, {status})"
 
 
+# ------------------------------------------------------------------------------ events -> result
+
+
 class _Collector:
-    def __init__(self, spec: dict, on_line: Callable[[str], None] | None) -> None:
+    """A run's events, as they come, into its :class:`RunResult`: one handler per kind."""
+
+    def __init__(self, spec: RunSpec, on_line: Callable[[str], None] | None) -> None:
         self.spec = spec
         self.on_line = on_line
         self.pids: dict[int, int] = {}
         self.lines: list[str] = []
-        self.per_rank: dict[int, list[str]] = {n["rank"]: [] for n in spec["nodes"]}
-        self.done: dict | None = None
+        self.per_rank: dict[int, list[str]] = {n.rank: [] for n in spec.nodes}
+        self.done: DoneEvent | None = None
         self.job_id = 0
         self.task_id = ""
+        # Kinds without a handler (phase, exit) say nothing the result needs.
+        self._handlers: dict[type[Event], Callable] = {
+            LineEvent: self._on_line,
+            StartEvent: self._on_start,
+            JobEvent: self._on_job,
+            DoneEvent: self._on_done,
+        }
 
     def feed(self, raw: bytes) -> None:
-        event = json.loads(raw)
-        kind = event.get("e")
-        if kind == "l":
-            rank = event["r"]
-            node = self.spec["nodes"][rank]
-            prefix = line_prefix(
-                rank, node["name"], self.pids.get(rank, 0), node["ip"], self.spec["num_nodes"], self.spec["task_name"]
-            )
-            line = prefix + event["t"]
-            self.lines.append(line)
-            self.per_rank[rank].append(event["t"])
-            if self.on_line is not None:
-                self.on_line(line)
-        elif kind == "start":
-            self.pids[event["rank"]] = event["pid"]
-        elif kind == "job":
-            self.job_id, self.task_id = event["id"], event["task_id"]
-        elif kind == "done":
-            self.done = event
+        """One line from the agent; a kind this client does not know is skipped."""
+        try:
+            event = decode_event(raw)
+        except ValueError as exc:
+            raise RunError(f"the agent on {self.spec.cluster} sent what this client cannot read: {exc}") from None
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _on_line(self, event: LineEvent) -> None:
+        node = self.spec.nodes[event.rank]
+        pid = self.pids.get(event.rank, 0)
+        line = line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name) + event.text
+        self.lines.append(line)
+        self.per_rank[event.rank].append(event.text)
+        if self.on_line is not None:
+            self.on_line(line)
+
+    def _on_start(self, event: StartEvent) -> None:
+        self.pids[event.rank] = event.pid
+
+    def _on_job(self, event: JobEvent) -> None:
+        self.job_id, self.task_id = event.id, event.task_id
+
+    def _on_done(self, event: DoneEvent) -> None:
+        self.done = event
 
     def result(self, seconds: float) -> RunResult:
         assert self.done is not None
-        codes = self.done.get("codes") or []
+        codes = self.done.codes
         ranks = []
-        for node in self.spec["nodes"]:
-            r = node["rank"]
+        for node in self.spec.nodes:
+            r = node.rank
             text = "\n".join(self.per_rank[r])
             ranks.append(
                 RankResult(
                     rank=r,
                     returncode=codes[r] if r < len(codes) else 0,
                     stdout=text + ("\n" if text else ""),
-                    name=node["name"],
-                    ip=node["ip"],
+                    name=node.name,
+                    ip=node.ip,
                     pid=self.pids.get(r, 0),
                 )
             )
-        output = "\n".join(self.lines) + ("\n" if self.lines else "")
         return RunResult(
-            returncode=self.done["returncode"],
-            output=output,
+            returncode=self.done.returncode,
+            output="\n".join(self.lines) + ("\n" if self.lines else ""),
             ranks=ranks,
             job_id=self.job_id,
             task_id=self.task_id,
-            error=self.done.get("error"),
+            error=self.done.error,
             seconds=seconds,
         )
 
@@ -117,58 +154,177 @@ class _Collector:
         return "\n".join(self.lines)
 
 
-def run(
-    client: paramiko.SSHClient,
-    spec: dict,
-    *,
-    python: str,
-    agent_path: str,
-    timeout: float | None = None,
-    on_line: Callable[[str], None] | None = None,
-) -> RunResult:
-    """Execute ``spec`` through the agent on the head and wait for every rank."""
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise RunError("the connection to the head is closed")
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    chan = transport.open_session()
-    try:
-        chan.exec_command(f"{python} -I -S {agent_path} run")
-        chan.sendall(encode_spec(spec))
-        collector = _Collector(spec, on_line)
-        buf = b""
-        while collector.done is None:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
+def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
+    """Rebuild a job's RunResult from ``agent events`` (None while it has not finished)."""
+    lines = [line for line in events.splitlines() if line.strip()]
+    first = decode_event(lines[0]) if lines else None
+    if not isinstance(first, SpecEvent):
+        return None
+    collector = _Collector(first.spec, None)
+    for line in lines[1:]:
+        collector.feed(line)
+    return collector.result(seconds) if collector.done is not None else None
+
+
+# ------------------------------------------------------------------------------ the client
+
+
+@dataclass(frozen=True)
+class AgentClient:
+    """The agent on one cluster's head, as the client talks to it: every exec over one SSH
+    connection, which ``connect`` returns open (and reopens when it dropped)."""
+
+    cluster: str  # its name, for messages
+    connect: Callable[[], paramiko.SSHClient]
+    python: str  # the head's interpreter
+    agent_path: str  # the bundle on the head, e.g. ``~/.sky/agent.pyz``
+
+    def _channel(self, args: list[str]) -> paramiko.Channel:
+        transport = self.connect().get_transport()
+        if transport is None or not transport.is_active():
+            raise RunError(f"the connection to the head of {self.cluster} is closed")
+        chan = transport.open_session()
+        try:
+            chan.exec_command(" ".join([self.python, "-I", "-S", self.agent_path, *(shlex.quote(a) for a in args)]))
+        except BaseException:
+            chan.close()
+            raise
+        return chan
+
+    # -- attached runs ---------------------------------------------------------------------
+
+    def run(
+        self, spec: RunSpec, *, timeout: float | None = None, on_line: Callable[[str], None] | None = None
+    ) -> RunResult:
+        """Execute ``spec`` on every rank and wait for all of them (``agent run``)."""
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        chan = self._channel(["run"])
+        try:
+            chan.sendall(encode_spec(spec))
+            collector = _Collector(spec, on_line)
+            buf = b""
+            while collector.done is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise RunTimeoutError(
-                        f"run on cluster {spec['cluster']} did not finish within {timeout:g} s; every rank was stopped",
+                        f"run on cluster {spec.cluster} did not finish within {timeout:g} s; every rank was stopped",
                         partial_output=collector.partial(),
                     )
-                chan.settimeout(min(left, 1.0))
-            else:
-                chan.settimeout(1.0)
+                chan.settimeout(1.0 if left is None else min(left, 1.0))
+                try:
+                    chunk = chan.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    break
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
+                    if line:
+                        collector.feed(line)
+            if collector.done is None:
+                err = _stderr(chan)
+                raise RunError(
+                    f"the agent on the head of {spec.cluster} ended without a result"
+                    + (f": {err}" if err else " (connection lost?)")
+                )
+            return collector.result(time.monotonic() - started)
+        finally:
+            chan.close()
+
+    # -- commands --------------------------------------------------------------------------
+
+    def call(self, args: list[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
+        """One short agent command on the head; returns (exit code, stdout)."""
+        chan = self._channel(args)
+        try:
+            chan.settimeout(timeout)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out = b""
             try:
-                chunk = chan.recv(65536)
+                while chunk := chan.recv(65536):
+                    out += chunk
             except TimeoutError:
-                continue
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if line:
-                    collector.feed(line)
-        if collector.done is None:
-            err = _stderr(chan)
-            raise RunError(
-                f"the agent on the head of {spec['cluster']} ended without a result"
-                + (f": {err}" if err else " (connection lost?)")
-            )
-        return collector.result(time.monotonic() - started)
-    finally:
-        chan.close()
+                raise RunTimeoutError(
+                    f"agent command {args[0]} on the head of {self.cluster} did not answer within {timeout:g} s"
+                ) from None
+            return chan.recv_exit_status(), out
+        finally:
+            chan.close()
+
+    def stream(self, args: list[str]) -> Iterator[str]:
+        """Lines of a long-running agent command (``logs ID follow``), as they come."""
+        chan = self._channel(args)
+        try:
+            chan.shutdown_write()
+            buf = b""
+            while chunk := chan.recv(65536):
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if buf:
+                yield buf.decode("utf-8", "replace")
+        finally:
+            chan.close()
+
+    # -- detached jobs ---------------------------------------------------------------------
+
+    def submit(self, spec: RunSpec) -> JobEvent:
+        """Start ``spec`` as a detached job on the head; its id, at once."""
+        code, out = self.call(["submit"], stdin=encode_spec(spec))
+        lines = out.splitlines()
+        try:
+            event = decode_event(lines[-1]) if lines else None
+        except ValueError:
+            event = None
+        if not isinstance(event, JobEvent):
+            raise RunError(f"could not submit a job to {self.cluster}: agent exit {code}")
+        return event
+
+    def jobs(self, which: int | str = "all") -> list[JobRecord]:
+        """The records of every job (``"all"``, oldest first) or of one ([] for no such job)."""
+        code, out = self.call(["jobs", str(which)])
+        return self._decoded(decode_records, out, "job records") if code == 0 else []
+
+    def job(self, job_id: int) -> JobRecord:
+        records = self.jobs(job_id)
+        if not records:
+            raise RunError(f"cluster {self.cluster} has no job {job_id}")
+        return records[0]
+
+    def _decoded(self, decode: Callable[[bytes], T], out: bytes, what: str) -> T:
+        try:
+            return decode(out)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RunError(f"the agent on {self.cluster} sent {what} this client cannot read: {exc}") from None
+
+    def wait(self, job_id: int, seconds: float) -> tuple[bool, JobRecord]:
+        """Block on the head for at most ``seconds``: (whether the job ended, its record)."""
+        code, out = self.call(["wait", str(job_id), f"{seconds:.3f}"], timeout=seconds + 30)
+        if code not in (0, 3):
+            raise RunError(f"cannot wait for job {job_id} on {self.cluster}: agent exit {code}")
+        return code == 0, self._decoded(decode_record, out, "a job record")
+
+    def logs(self, job_id: int) -> str:
+        _, out = self.call(["logs", str(job_id)])
+        return out.decode("utf-8", "replace")
+
+    def follow_logs(self, job_id: int) -> Iterator[str]:
+        return self.stream(["logs", str(job_id), "follow"])
+
+    def result(self, job_id: int) -> RunResult | None:
+        """The job's RunResult, rebuilt from its recorded events (None before it ended)."""
+        code, events = self.call(["events", str(job_id)])
+        if code != 0:
+            raise RunError(f"cluster {self.cluster} has no record of job {job_id}")
+        return result_from_events(events)
+
+    def cancel(self, which: int | str) -> list[JobRecord]:
+        """Stop a job (or ``"all"``) on every node; the records once they have ended."""
+        code, out = self.call(["cancel", str(which)], timeout=60)
+        return self._decoded(decode_records, out, "job records") if code == 0 else []
 
 
 def _stderr(chan: paramiko.Channel) -> str:
@@ -181,79 +337,3 @@ def _stderr(chan: paramiko.Channel) -> str:
         return lines[-1] if lines else ""
     except Exception:  # noqa: BLE001 - diagnostics only
         return ""
-
-
-def agent_call(
-    client: paramiko.SSHClient,
-    args: list[str],
-    *,
-    python: str,
-    agent_path: str,
-    stdin: bytes | None = None,
-    timeout: float = 60.0,
-) -> tuple[int, bytes]:
-    """One short agent command on the head (jobs, wait, logs, cancel); returns (exit code, stdout)."""
-    import shlex
-
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise RunError("the connection to the head is closed")
-    chan = transport.open_session()
-    try:
-        chan.settimeout(timeout)
-        chan.exec_command(" ".join([python, "-I", "-S", agent_path, *(shlex.quote(a) for a in args)]))
-        if stdin is not None:
-            chan.sendall(stdin)
-        chan.shutdown_write()
-        out = b""
-        try:
-            while True:
-                chunk = chan.recv(65536)
-                if not chunk:
-                    break
-                out += chunk
-        except TimeoutError:
-            raise RunTimeoutError(f"agent command {args[0]} on the head did not answer within {timeout:g} s") from None
-        return chan.recv_exit_status(), out
-    finally:
-        chan.close()
-
-
-def agent_stream(client: paramiko.SSHClient, args: list[str], *, python: str, agent_path: str) -> Iterator[str]:
-    """Lines of a long-running agent command (``logs ID follow``), as they come."""
-    import shlex
-
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise RunError("the connection to the head is closed")
-    chan = transport.open_session()
-    try:
-        chan.exec_command(" ".join([python, "-I", "-S", agent_path, *(shlex.quote(a) for a in args)]))
-        chan.shutdown_write()
-        buf = b""
-        while True:
-            chunk = chan.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8", "replace")
-        if buf:
-            yield buf.decode("utf-8", "replace")
-    finally:
-        chan.close()
-
-
-def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
-    """Rebuild a job's RunResult from ``agent.py events`` (None while it has not finished)."""
-    lines = [line for line in events.splitlines() if line.strip()]
-    if not lines:
-        return None
-    first = json.loads(lines[0])
-    if first.get("e") != "spec":
-        return None
-    collector = _Collector(first["spec"], None)
-    for line in lines[1:]:
-        collector.feed(line)
-    return collector.result(seconds) if collector.done is not None else None

@@ -52,7 +52,7 @@ mkdir -p "$HOME/.ssh" "$HOME/.sky"
 cp "$S/authorized_keys" "$HOME/.ssh/authorized_keys"
 cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
 cp "$S/id_ed25519.pub" "$HOME/.ssh/id_ed25519.pub"
-cp "$S/agent.py" "$HOME/.sky/agent.py"
+cp "$S/agent.pyz" "$HOME/.sky/agent.pyz"
 cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
 # The config comes in the Secret (ssh.sshd renders every backend's); only the image knows
 # its PATH, so the pod appends that line itself.

@@ -186,7 +186,7 @@ class KubernetesBackend(Backend):
             "authorized_keys": home[".ssh/authorized_keys"][0],
             "id_ed25519": home[".ssh/id_ed25519"][0],
             "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
-            "agent.py": home[".sky/agent.py"][0],
+            "agent.pyz": home[".sky/agent.pyz"][0],
             manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
         }
         for rank, key in enumerate(config.keys.hosts):
