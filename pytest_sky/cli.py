@@ -104,12 +104,14 @@ def _run_task(cluster, task, detach: bool) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from pytest_sky.cluster import launch
+    from pytest_sky import settings
+    from pytest_sky.cluster import bring_up
     from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import StateStore
 
-    backend = "kubernetes" if args.kubernetes else args.backend
+    chosen = settings.resolve(backend=args.backend, kubernetes=args.kubernetes or None)
     task, num_nodes, requested = plan_launch(_task_from_args(args.task), args.num_nodes or None, _resources(args))
+    backend = chosen.for_task(requested)[0].backend
     store = StateStore()
     existing = store.load(args.cluster)
     if existing is not None:
@@ -133,14 +135,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.progress(f"reusing {args.cluster} ({existing.resources_label})")
     else:
         try:
-            cluster = launch(
-                None,
-                num_nodes=num_nodes,
-                name=args.cluster,
-                backend=backend,
-                keep=True,
-                store=store,
-                **{k: v for k, v in (("gpus", args.gpus), ("cpus", args.cpus), ("memory", args.memory)) if v},
+            cluster, task = bring_up(
+                task, num_nodes, requested, name=args.cluster, settings=chosen, keep=True, store=store
             )
         except KeyboardInterrupt:
             console.error(f"interrupted while launching {args.cluster}: removed what was created")
@@ -418,7 +414,11 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
     p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
-    p.add_argument("--backend", choices=("local", "kubernetes"), default="local", help="where nodes run")
+    p.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        help="where nodes run (default: PYTEST_SKY_BACKEND, else the task's infra, else local)",
+    )
     p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
     p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pytest_sky import bootstrap, lifecycle
+from pytest_sky import bootstrap, console, lifecycle
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend
 from pytest_sky.cluster_info import ClusterInfo
@@ -24,6 +24,8 @@ from pytest_sky.job import Job
 from pytest_sky.protocol import NodeRef, RunSpec
 from pytest_sky.resources import Resources
 from pytest_sky.runner import AgentClient, RunResult
+from pytest_sky.settings import Settings
+from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
 from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, validate_envs
@@ -278,24 +280,32 @@ def launch(
     *,
     num_nodes: int | None = None,
     name: str | None = None,
-    backend: str = "local",
+    backend: str | None = None,
     backend_options: dict | None = None,
+    settings: Settings | None = None,
     keep: bool = False,
     store: StateStore | None = None,
     run_timeout: float | None = None,
     on_created: Callable[[Cluster], None] | None = None,
     **resources: object,
 ) -> Cluster:
-    """Provision a cluster (and, given a task, run it: the result is ``cluster.last_result``)."""
-    if task is not None:
-        task = as_task(task)
+    """Provision a cluster (and, given a task, run it: the result is ``cluster.last_result``).
+
+    ``backend`` (default: ``PYTEST_SKY_BACKEND``, else the task's ``infra``, else local) and
+    the environment's other ``PYTEST_SKY_*`` settings apply unless ``settings`` (the plugin's
+    resolved ones) is given; ``backend_options`` go to the backend's constructor on top.
+    """
     extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
-    task, n, res = lifecycle.plan_launch(task, num_nodes, extra)
-    name = validate_name(name or _default_name())
-    be = get_backend(backend, **(backend_options or {}))
-    be.plan(name, n, res)  # before touching any state: refuse what can never work
-    store = store or StateStore()
-    cluster = Cluster(lifecycle.provision(be, store, name, n, res, keep=keep), be, store)
+    cluster, task = bring_up(
+        as_task(task) if task is not None else None,
+        num_nodes,
+        extra,
+        name=name,
+        settings=settings or resolve_settings(backend=backend),
+        backend_options=backend_options,
+        keep=keep,
+        store=store,
+    )
     if on_created is not None:
         on_created(cluster)
     if task is not None and (task.run or task.setup):
@@ -306,6 +316,32 @@ def launch(
                 cluster.down()
             raise
     return cluster
+
+
+def bring_up(
+    task: Task | None,
+    num_nodes: int | None,
+    requested: Resources,
+    *,
+    name: str | None,
+    settings: Settings,
+    backend_options: dict | None = None,
+    keep: bool = False,
+    store: StateStore | None = None,
+) -> tuple[Cluster, Task | None]:
+    """The cluster a launch asks for, up; and the task with the node count it will run on.
+
+    Shared by :func:`launch` and the CLI (which runs the task itself, perhaps detached).
+    """
+    task, n, res = lifecycle.plan_launch(task, num_nodes, requested)
+    placed, notes = settings.for_task(res)
+    for note in notes:
+        console.note(note)
+    name = validate_name(name or _default_name())
+    be = get_backend(placed.backend, **{**placed.backend_options(), **(backend_options or {})})
+    be.plan(name, n, res)  # before touching any state: refuse what can never work
+    store = store or StateStore()
+    return Cluster(lifecycle.provision(be, store, name, n, res, keep=keep), be, store), task
 
 
 def _default_name() -> str:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
 
-__all__ = ["counter", "enable", "error", "hint", "interactive", "progress", "table"]
+__all__ = ["counter", "enable", "error", "hint", "interactive", "note", "progress", "table"]
 
 log = logging.getLogger("pytest_sky")
 PREFIX = "pytest-sky:"
@@ -106,6 +106,13 @@ def hint(message: str) -> None:
     """What to type next; always shown, since it answers the user's own command."""
     log.info("hint: %s", message)
     _say(f"{PREFIX} {message}")
+
+
+def note(message: str) -> None:
+    """Something the user asked for and does not get (a task's cloud, an image locally);
+    always shown, once, since a silent difference is the one wrong answer."""
+    log.info("note: %s", message)  # info: a warning would reach stderr twice (lastResort)
+    _say(f"{PREFIX} note: {message}")
 
 
 def table(headers: list[str], rows: list[list[str]]) -> None:

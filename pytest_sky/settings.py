@@ -1,20 +1,26 @@
 """Every setting of pytest-sky, resolved once: command-line option > environment > default.
 
-The plugin and the CLI hand in what their command lines said; the environment twins
-(``PYTEST_SKY_*``) are read here and nowhere else, and each value remembers where it came
-from, so pytest's report header can say why a run went to Kubernetes or kept its clusters.
+The plugin, the CLI and ``pytest_sky.launch`` hand in what their callers said; the
+environment twins (``PYTEST_SKY_*``) are read here and nowhere else (backends take their
+settings as arguments), and each value remembers where it came from, so pytest's report
+header can say why a run went to Kubernetes or kept its clusters.  A task's own
+``resources`` (``infra``, ``image_id``) come between the environment and the default: see
+:meth:`Settings.for_task`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pytest_sky.errors import SkyError
+from pytest_sky.resources import Resources
 
 ENV_PREFIX = "PYTEST_SKY_"
+TASK_SOURCE = "the task's resources"
 _TRUE = ("1", "true", "yes", "on")
 BACKENDS = ("local", "kubernetes")
 
@@ -31,6 +37,7 @@ class Settings:
     kube_image: str | None = None
     keep_clusters: bool = False
     mtu: int | None = None
+    kube_timeout: float | None = None  # seconds a launch waits for pods (PYTEST_SKY_KUBE_TIMEOUT)
     #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND`` or ``default``.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -38,7 +45,55 @@ class Settings:
         """The keyword arguments of the chosen backend's constructor."""
         if self.backend == "local":
             return {"mtu": self.mtu} if self.mtu else {}
-        return {"context": self.kube_context, "namespace": self.kube_namespace, "image": self.kube_image}
+        options: dict[str, Any] = {
+            "context": self.kube_context,
+            "namespace": self.kube_namespace,
+            "image": self.kube_image,
+        }
+        if self.kube_timeout is not None:
+            options["ready_timeout"] = self.kube_timeout
+        return options
+
+    def given(self, name: str) -> bool:
+        """The command line or the environment set it (not the default, not a task)."""
+        return self.sources.get(name, "default") not in ("default", TASK_SOURCE)
+
+    def for_task(self, resources: Resources) -> tuple[Settings, list[str]]:
+        """These settings with the task's ``infra`` and ``image_id`` applied, and notes for the
+        user on what the task asked for and does not get.
+
+        A task's ``infra: kubernetes`` (``k8s/CONTEXT``) runs there and ``infra: local`` here,
+        unless the command line or environment chose a backend; its ``image_id`` is the
+        pods' image unless ``--kube-image`` says otherwise.  Local nodes run this machine's
+        own software, so an ``image_id`` there is noted, not used.
+        """
+        changes: dict[str, Any] = {}
+        sources = dict(self.sources)
+        notes = []
+        backend = self.backend
+        if resources.infra is not None and resources.infra != backend:
+            if self.given("backend"):
+                notes.append(
+                    f"the task asks for infra {resources.infra}; it runs on {backend}, "
+                    f"as {self.sources['backend']} says"
+                )
+            else:
+                backend = changes["backend"] = resources.infra
+                sources["backend"] = TASK_SOURCE
+        on_kubernetes = backend == "kubernetes" and resources.infra == "kubernetes"
+        if on_kubernetes and resources.infra_context and not self.given("kube_context"):
+            changes["kube_context"] = resources.infra_context
+            sources["kube_context"] = TASK_SOURCE
+        image = resources.image_id
+        if image is not None:
+            if backend != "kubernetes":
+                notes.append(f"image_id {image} has no effect on the local backend: nodes run this machine's software")
+            elif self.given("kube_image"):
+                notes.append(f"the task's image_id {image} is not used: {self.sources['kube_image']} chose the image")
+            else:
+                changes["kube_image"] = image.removeprefix("docker:")
+                sources["kube_image"] = TASK_SOURCE
+        return replace(self, **changes, sources=sources), notes
 
     def describe(self) -> str:
         """One line for pytest's report header: each setting that applies, and its source."""
@@ -50,6 +105,16 @@ class Settings:
             shown = "(kubeconfig's)" if value is None and name.startswith("kube_") else value
             parts.append(f"{name}={shown} (from {self.sources.get(name, 'default')})")
         return "pytest-sky: " + ", ".join(parts)
+
+
+def state_home(environ: Mapping[str, str] | None = None) -> Path:
+    """Where cluster records live: ``PYTEST_SKY_HOME``, else ``~/.pytest_sky``.
+
+    Read on each use, not once per session: a test (or a reaping subprocess) points it
+    elsewhere through the environment.
+    """
+    env = os.environ if environ is None else environ
+    return Path(env.get(ENV_PREFIX + "HOME") or "~/.pytest_sky").expanduser().resolve()
 
 
 def _truthy(value: object) -> bool:
@@ -99,6 +164,11 @@ def resolve(
         mtu_value = int(raw_mtu) if raw_mtu is not None else None
     except ValueError:
         raise SettingsError(f"PYTEST_SKY_MTU={raw_mtu!r} is not a whole number (e.g. 65535)") from None
+    raw_timeout = pick("kube_timeout", None, "")
+    try:
+        timeout = float(raw_timeout) if raw_timeout is not None else None
+    except ValueError:
+        raise SettingsError(f"PYTEST_SKY_KUBE_TIMEOUT={raw_timeout!r} is not a number of seconds (e.g. 600)") from None
     return Settings(
         backend="kubernetes" if chosen == "k8s" else chosen,
         kube_context=pick("kube_context", kube_context, "--kube-context"),
@@ -106,5 +176,6 @@ def resolve(
         kube_image=pick("kube_image", kube_image, "--kube-image"),
         keep_clusters=_truthy(pick("keep_clusters", keep_clusters, "--keep-clusters")),
         mtu=mtu_value,
+        kube_timeout=timeout,
         sources=sources,
     )

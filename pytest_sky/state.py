@@ -21,12 +21,11 @@ from pathlib import Path
 from filelock import FileLock
 
 from pytest_sky.cluster_info import ClusterInfo
-
-HOME_ENV = "PYTEST_SKY_HOME"
+from pytest_sky.settings import state_home
 
 
 def home() -> Path:
-    root = Path(os.environ.get(HOME_ENV) or "~/.pytest_sky").expanduser().resolve()
+    root = state_home()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     return root
 

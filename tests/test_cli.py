@@ -256,3 +256,22 @@ def wait_screen(session: str, text: str, timeout: float = 30) -> str:
         if time.monotonic() > deadline:
             pytest.fail(f"{text!r} never appeared on the screen:\n{screen}")
         time.sleep(0.05)
+
+
+def test_a_tasks_infra_yields_to_the_command_line_with_a_note(home: Path, tmp_path: Path):
+    """``--backend local`` beats a task's ``infra: kubernetes``, and the user is told so."""
+    name = f"clinfra{os.getpid() % 10000}"
+    task = tmp_path / "task.yaml"
+    task.write_text("resources:\n  infra: kubernetes\n  image_id: docker:python:3.11-slim\nrun: echo ran here\n")
+    try:
+        res = sky(home, "launch", "-c", name, "--backend", "local", str(task), check_rc=0)
+        assert res.stdout.endswith(") ran here\n"), res.stdout
+        notes = [line for line in res.stderr.splitlines() if "note:" in line]
+        assert notes == [
+            "pytest-sky: note: the task asks for infra kubernetes; it runs on local, as --backend says",
+            "pytest-sky: note: image_id docker:python:3.11-slim has no effect on the local backend: "
+            "nodes run this machine's software",
+        ], res.stderr
+        assert "1x Local" in sky(home, "status", check_rc=0).stdout
+    finally:
+        sky(home, "down", name)

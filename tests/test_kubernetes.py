@@ -282,3 +282,24 @@ def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: 
         assert res.returncode == 0, res.output
         assert [r.stdout.split() for r in res.ranks] == [["payload", "mounted", b] for b in before]
     assert os.stat("/").st_mode & 0o7777 == root_mode
+
+
+def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch: pytest.MonkeyPatch):
+    """``infra: kubernetes`` in a task runs it on Kubernetes (no backend named anywhere) and
+    its ``image_id`` is the pods' image: neither is accepted and then ignored."""
+    for name in ("PYTEST_SKY_BACKEND", "PYTEST_SKY_KUBERNETES", "PYTEST_SKY_KUBE_IMAGE"):
+        monkeypatch.delenv(name, raising=False)
+    image = manifests.DEFAULT_IMAGE + "-task"
+    task = pytest_sky.Task(
+        run="hostname", num_nodes=2, resources=pytest_sky.Resources(infra="kubernetes", image_id=f"docker:{image}")
+    )
+    c = pytest_sky.launch(task, name="k8s-infra", backend_options={"kubeconfig": str(emu3.kubeconfig_path)})
+    try:
+        assert c.backend == "kubernetes"
+        assert [r.stdout.strip() for r in c.last_result.ranks] == ["k8s-infra-head", "k8s-infra-worker1"]
+        api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+        pods = api.list_namespaced_pod("default", label_selector=manifests.selector("k8s-infra")).items
+        assert {p.spec.containers[0].image for p in pods} == {image}
+    finally:
+        c.down()
+    assert ours(emu3, "k8s-infra") == []

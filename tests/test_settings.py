@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_sky import settings
+from pytest_sky.resources import Resources
 from pytest_sky.settings import SettingsError, resolve
 
 
@@ -76,3 +77,54 @@ def test_report_header_shows_each_setting_and_its_source(
     result.assert_outcomes(passed=1)
     parts = ["backend=local (from --backend)", "keep_clusters=False (from default)", "mtu=9000 (from PYTEST_SKY_MTU)"]
     result.stdout.fnmatch_lines(["pytest-sky: " + ", ".join(parts)])
+
+
+def test_a_tasks_infra_picks_the_backend_unless_the_command_line_did() -> None:
+    k8s = Resources(infra="k8s/team-a")
+    placed, notes = resolve(environ={}).for_task(k8s)
+    assert (placed.backend, placed.kube_context, notes) == ("kubernetes", "team-a", [])
+    assert placed.sources["backend"] == placed.sources["kube_context"] == settings.TASK_SOURCE
+    assert "backend=kubernetes (from the task's resources)" in placed.describe()
+    # The command line (or its environment twin) has the last word, and says so.
+    placed, notes = resolve(backend="local", environ={}).for_task(k8s)
+    assert placed.backend == "local"
+    assert notes == ["the task asks for infra kubernetes; it runs on local, as --backend says"]
+    placed, _ = resolve(kube_context="mine", environ={"PYTEST_SKY_BACKEND": "kubernetes"}).for_task(k8s)
+    assert (placed.backend, placed.kube_context) == ("kubernetes", "mine")
+    # infra: local runs here even when the environment would not have said so otherwise.
+    assert resolve(environ={}).for_task(Resources(infra="local"))[0].backend == "local"
+
+
+def test_image_id_is_the_pod_image_on_kubernetes_and_a_note_locally() -> None:
+    image = Resources(image_id="docker:python:3.11-slim")
+    placed, notes = resolve(kubernetes=True, environ={}).for_task(image)
+    assert (placed.kube_image, notes) == ("python:3.11-slim", [])
+    assert placed.backend_options()["image"] == "python:3.11-slim"
+    placed, notes = resolve(kubernetes=True, kube_image="ours:1", environ={}).for_task(image)
+    assert placed.kube_image == "ours:1"
+    assert notes == ["the task's image_id docker:python:3.11-slim is not used: --kube-image chose the image"]
+    placed, notes = resolve(environ={}).for_task(image)
+    assert placed.backend == "local"
+    assert notes == [
+        "image_id docker:python:3.11-slim has no effect on the local backend: nodes run this machine's software"
+    ]
+
+
+def test_kube_timeout_comes_from_its_environment_twin_only_here() -> None:
+    s = resolve(kubernetes=True, environ={"PYTEST_SKY_KUBE_TIMEOUT": "45"})
+    assert s.backend_options()["ready_timeout"] == 45.0
+    with pytest.raises(SettingsError, match=r"^PYTEST_SKY_KUBE_TIMEOUT='soon' is not a number of seconds"):
+        resolve(environ={"PYTEST_SKY_KUBE_TIMEOUT": "soon"})
+
+
+def test_no_module_but_settings_reads_an_environment_twin() -> None:
+    """Settings resolve in one place: no other module reads a PYTEST_SKY_* variable itself."""
+    import pathlib
+    import re
+
+    reads = re.compile(r"""environ(?:\.get)?[(\[]\s*(?:["']PYTEST_SKY_|[A-Z_]*ENV\b)""")
+    root = pathlib.Path(settings.__file__).parent
+    readers = [
+        str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "settings.py" and reads.search(p.read_text())
+    ]
+    assert readers == []

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT = float(os.environ.get("PYTEST_SKY_KUBE_TIMEOUT", "600"))
+READY_TIMEOUT = 600.0  # seconds; PYTEST_SKY_KUBE_TIMEOUT (pytest_sky.settings) overrides it
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "InvalidImageName", "CreateContainerError"}
 
 
@@ -60,9 +60,10 @@ class KubernetesBackend(Backend):
         kubeconfig: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
-        self.context = context or os.environ.get("PYTEST_SKY_KUBE_CONTEXT") or None
-        self.requested_namespace = namespace or os.environ.get("PYTEST_SKY_KUBE_NAMESPACE") or None
-        self.image = image or os.environ.get("PYTEST_SKY_KUBE_IMAGE") or manifests.DEFAULT_IMAGE
+        self.context = context or None
+        self.requested_namespace = namespace or None
+        self.image = image or manifests.DEFAULT_IMAGE
+        # KUBECONFIG is Kubernetes' own convention, read as kubectl reads it.
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
         self.ready_timeout = ready_timeout
         self._api: kclient.CoreV1Api | None = None

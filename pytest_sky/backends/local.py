@@ -87,7 +87,7 @@ class LocalBackend(Backend):
         devices: list[str] | None = None,
         node_cgroups: str = "rw",
     ) -> None:
-        self.mtu = int(mtu or os.environ.get("PYTEST_SKY_MTU") or DEFAULT_MTU)
+        self.mtu = int(mtu or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
             raise ProvisionError(f"MTU must be between 1280 and 65535, got {self.mtu} (PYTEST_SKY_MTU)")
         self.ready_timeout = ready_timeout
