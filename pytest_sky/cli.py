@@ -153,8 +153,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     task = _task_from_args(args.task, num_nodes=cluster.num_nodes)
     if task is None:
         raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
-    if task.num_nodes == 1 and cluster.num_nodes > 1 and not (args.task[0].endswith((".yaml", ".yml"))):
-        task = task.with_overrides(num_nodes=cluster.num_nodes)
     return _run_task(cluster, task, args.detach)
 
 
