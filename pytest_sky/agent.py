@@ -61,7 +61,8 @@ PID_MARK = b"PSKY-PID "
 
 # One rank on one node, in bash: a Python supervisor cost ~30 ms of interpreter start per
 # node per run, this costs ~3.  The script runs in a session of its own and prints its pid
-# before anything else; the supervisor waits and exits with the script's status.
+# before anything else, even when told to stop at once (a SIGTERM before that line is held
+# until it is out, then honoured); the supervisor waits and exits with the script's status.
 #
 # The job owns every process it starts, on every node, whatever sessions they make and
 # whoever their parent is.  The kernel keeps that account: the script enters a cgroup of its
@@ -101,8 +102,9 @@ signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ "$1" != KILL ] || kill -KILL -- -"$pid"
 }
 settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
-PSKY_JOB_SCOPE=$tag setsid /bin/bash -c '[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
-echo "PSKY-PID $$"; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
+PSKY_JOB_SCOPE=$tag setsid /bin/bash -c 'trap t=1 TERM
+[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
+echo "PSKY-PID $$"; trap - TERM; [ -z "$t" ] || exit 143; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
 pid=$!
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
 { while read -r _; do :; done; kill -USR1 $$; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
@@ -126,9 +128,19 @@ def _sh_quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def rank_script(script: str, env: dict, cwd: str | None) -> str:
-    """The rank's whole program: its environment, its directory, then the task's script."""
-    lines = [f"export {key}={_sh_quote(str(value))}" for key, value in env.items()]
+#: What setup must not see unless the task's own envs set it: SkyPilot runs setup outside
+#: any GPU allocation (its env_check example fails setup when the variable is set at all).
+SETUP_UNSET = ("CUDA_VISIBLE_DEVICES",)
+
+
+def rank_script(script: str, env: dict, cwd: str | None, *, phase: str = "run") -> str:
+    """The rank's whole program, in the order of SkyPilot's generated scripts: ``~/.bashrc``
+    (so an ``export`` a setup appended there reaches run), then the job's environment over
+    it, the working directory, and the task's script."""
+    lines = ["[ ! -f ~/.bashrc ] || . ~/.bashrc"]
+    if phase == "setup":
+        lines += [f"unset {key}" for key in SETUP_UNSET if key not in env]
+    lines += [f"export {key}={_sh_quote(str(value))}" for key, value in env.items()]
     if cwd:
         target = "~/" + _sh_quote(cwd[2:]) if cwd.startswith("~/") else _sh_quote(cwd)
         lines.append(f'cd {target} 2>/dev/null || cd "$HOME"')
@@ -282,7 +294,9 @@ class _Rank:
         self.pid = 0
         self.code: int | None = None
         self.ssh_error = ""
-        self.proc = _Child(_rank_argv(node, rank_script(script, env, spec.cwd)), capture_stderr=bool(self.rank))
+        self.proc = _Child(
+            _rank_argv(node, rank_script(script, env, spec.cwd, phase=phase)), capture_stderr=bool(self.rank)
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         if self.rank:
@@ -492,10 +506,10 @@ def _rank_envs(spec: RunSpec, task_id: str):
     base["SKYPILOT_CLUSTER_INFO"] = to_json(spec.cluster_info, ", ", ": ")
     base["SKYPILOT_NUM_NODES"] = str(spec.num_nodes)
 
-    def with_node(env: dict, node: NodeRef) -> dict:
+    def with_node(env: dict, node: NodeRef, leave_out: tuple[str, ...] = ()) -> dict:
         # The backend's per-node values (CUDA_VISIBLE_DEVICES) yield to the task's own envs.
         for key, value in node.env.items():
-            if key not in base:
+            if key not in base and key not in leave_out:
                 env[key] = value
         return env
 
@@ -506,7 +520,7 @@ def _rank_envs(spec: RunSpec, task_id: str):
             SKYPILOT_SETUP_NODE_RANK=str(node.rank),
             SKYPILOT_SETUP_NUM_GPUS_PER_NODE=gpus,
         )
-        return with_node(env, node)
+        return with_node(env, node, leave_out=SETUP_UNSET)
 
     def run_env(node: NodeRef) -> dict:
         env = dict(base)

@@ -26,6 +26,12 @@ MAX_MEMORY_GB = 65536
 
 KNOWN_INFRA = ("local", "kubernetes", "k8s")
 _INFRA_ALIASES = {"k8s": "kubernetes"}
+#: SkyPilot's other clouds: a task that names one (SkyPilot's own examples often do) is
+#: accepted and runs on the selected backend, with a note (``settings.Settings.for_task``).
+OTHER_CLOUDS = (
+    "aws", "gcp", "azure", "lambda", "ibm", "oci", "scp", "runpod", "vsphere", "cudo", "fluidstack",
+    "paperspace", "do", "nebius", "vast", "hyperbolic", "seeweb", "primeintellect", "ssh",
+)  # fmt: skip
 RESOURCE_KEYS = ("accelerators", "cloud", "cpus", "image_id", "infra", "memory")
 # Keys that people reach for by habit; difflib alone would not map them to the right one.
 _RESOURCE_KEY_HINTS = {
@@ -79,12 +85,13 @@ def unknown_key_message(
     message = f"unknown key {format_value(key)} in {where}; allowed keys: {', '.join(allowed)}"
     if isinstance(key, str):
         suggestion = (hints or {}).get(key.lower())
-        if suggestion is None:
-            close = difflib.get_close_matches(key.lower(), allowed, n=1)
-            suggestion = close[0] if close else None
-        if suggestion is not None:
-            message += f"; did you mean {suggestion!r}?"
+        message += f"; did you mean {suggestion!r}?" if suggestion else _did_you_mean(key.lower(), allowed, "; ")
     return message
+
+
+def _did_you_mean(word: str, choices: Iterable[str], lead: str = " ") -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"{lead}did you mean {close[0]!r}?" if close else ""
 
 
 def _accelerator_error(key: str, value: object, problem: str) -> ResourcesError:
@@ -232,10 +239,12 @@ def _parse_infra(value: object, key: str) -> tuple[str, str | None]:
         raise ResourcesError(f"{key} must be one of {known} (or kubernetes/CONTEXT), got {format_value(value)}")
     base, sep, context = value.strip().partition("/")
     base = base.strip().lower()
+    if base in OTHER_CLOUDS:
+        return base, None  # its region/zone part means nothing here
     if base not in KNOWN_INFRA:
         raise ResourcesError(
-            f"{key} must be one of {known} (or kubernetes/CONTEXT), got {format_value(value)} "
-            "(pytest-sky runs tasks on this machine or on Kubernetes)"
+            f"{key} must be one of {known} (or kubernetes/CONTEXT) or a SkyPilot cloud such as aws, "
+            f"got {format_value(value)}{_did_you_mean(base, (*KNOWN_INFRA, *OTHER_CLOUDS))}"
         )
     base = _INFRA_ALIASES.get(base, base)
     if not sep:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sky.errors import SkyError
-from pytest_sky.resources import Resources
+from pytest_sky.resources import OTHER_CLOUDS, Resources
 
 ENV_PREFIX = "PYTEST_SKY_"
 TASK_SOURCE = "the task's resources"
@@ -71,7 +71,11 @@ class Settings:
         sources = dict(self.sources)
         notes = []
         backend = self.backend
-        if resources.infra is not None and resources.infra != backend:
+        if resources.infra in OTHER_CLOUDS:
+            notes.append(
+                f"the task asks for infra {resources.infra}, which pytest-sky does not provision; it runs on {backend}"
+            )
+        elif resources.infra is not None and resources.infra != backend:
             if self.given("backend"):
                 notes.append(
                     f"the task asks for infra {resources.infra}; it runs on {backend}, "

@@ -290,6 +290,25 @@ def _check_workdir(value: object, base_dir: StrPath | None) -> str | None:
     return path
 
 
+def _remote_target(remote: str, key: str) -> str:
+    """The target in normal form; one that leaves the node's home (``~/../x``) or would
+    replace a whole tree (``/``, ``~/``) is refused: it could only overwrite what is there."""
+    import posixpath
+
+    inside = remote[2:] if remote.startswith("~/") else remote
+    norm = posixpath.normpath(inside)
+    if remote.startswith("~/"):
+        if norm == ".." or norm.startswith("../") or norm.startswith("/"):
+            raise TaskError(f"{key} leaves the home directory; use a path inside it (e.g. ~/data) or an absolute one")
+        if norm == ".":
+            raise TaskError(f"{key} is the home directory itself; name a directory inside it (e.g. ~/data)")
+        return "~/" + norm
+    norm = "/" + norm.lstrip("/")
+    if norm == "/":
+        raise TaskError(f"{key} is the root directory itself; name a directory (e.g. /data)")
+    return norm
+
+
 def _check_file_mounts(value: object, base_dir: StrPath | None) -> dict[str, str]:
     if value is None:
         return {}
@@ -306,6 +325,7 @@ def _check_file_mounts(value: object, base_dir: StrPath | None) -> dict[str, str
                 "path or start with ~/ (e.g. /data or ~/data)"
             )
         key = f"file_mounts[{remote!r}]"
+        remote = _remote_target(remote, key)
         if isinstance(local, Mapping) or (isinstance(local, str) and "://" in local):
             raise TaskError(
                 f"{key} must be a local path; cloud storage is not supported, "

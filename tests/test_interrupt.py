@@ -64,8 +64,16 @@ INNER_SETUP = """
 import os, pathlib, pytest_sky
 
 def test_setup(sky_launch):
-    marker = os.environ["SIGNAL_FILE"]
-    sky_launch(pytest_sky.Task(setup=f"touch {marker}; sleep 60", run="true", num_nodes=2))
+    # The nodes' files are their own: setup says it started on its output, and the client
+    # (this process) passes that on to the test through a file of the host's.
+    marker = pathlib.Path(os.environ["SIGNAL_FILE"])
+
+    def on_line(line):
+        if line.endswith("setup started"):
+            marker.write_text("setup")
+
+    cluster = sky_launch(num_nodes=2)
+    cluster.run(pytest_sky.Task(setup="echo setup started; sleep 60", run="true", num_nodes=2), on_line=on_line)
 """
 
 

@@ -104,15 +104,13 @@ def test_mtu_is_high_by_default(cluster3):
 def test_private_home_run_and_keys(cluster3):
     res = cluster3.run(
         'echo "$HOME"; stat -c %a ~/.ssh/id_ed25519; touch /run/only-here-$SKYPILOT_NODE_RANK;'
-        "ls /run | grep -c only-here"
+        "ls /run | grep -c only-here; touch ~/mine-$SKYPILOT_NODE_RANK; ls ~ | grep -c mine-"
     )
-    homes = set()
     for out in by_rank(res):
-        home, mode, count = out.split()
-        homes.add(home)
+        home, mode, count, mine = out.split()
+        assert home == netns.NODE_HOME  # the same path on every node, as on a cluster
         assert mode == "600"
-        assert count == "1"  # each node sees only its own /run
-    assert len(homes) == 3
+        assert count == mine == "1"  # each node sees only its own /run and its own home
 
 
 def test_python_on_nodes_is_the_test_interpreter(cluster3):
@@ -128,7 +126,8 @@ def test_env_values_arrive_literally(cluster3, tmp_path: Path):
     value = f"$(touch {canary}); '; echo pwned; \"`touch {canary}`"
     res = cluster3.run('printf "%s\\n" "$X"', env={"X": value})
     assert by_rank(res) == [value] * 3
-    assert not canary.exists()
+    # An injection would have run on the nodes, whose files are their own: look there.
+    assert by_rank(cluster3.run(f"ls {canary} 2>/dev/null | wc -l")) == ["0"] * 3
 
 
 def test_job_ids_increase_and_task_id_names_them(cluster3):

@@ -20,8 +20,7 @@ from pytest_sky.job import JobStatus
 # Every way a process escapes its rank's process group: a new session, a subshell whose
 # parent exits at once (reparented to the node's init), nohup, a double fork.
 ESCAPES = (
-    "setsid sleep 1001 & (sleep 1002 &); nohup sh -c 'sleep 1003' >/dev/null 2>&1 & "
-    "setsid sh -c 'sleep 1004 & exit'; "
+    "setsid sleep 1001 & (sleep 1002 &); nohup sh -c 'sleep 1003' >/dev/null 2>&1 & setsid sh -c 'sleep 1004 & exit'; "
 )
 # The regex does not match its own text (``100[0-9]`` is not ``100`` and a digit).
 COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"

@@ -172,6 +172,10 @@ def test_memory_forms(value: object, expected: float) -> None:
         ({"infra": "k8s/my-Context"}, "kubernetes", "my-Context"),
         ({"infra": "kubernetes/arn:aws:eks:x/y"}, "kubernetes", "arn:aws:eks:x/y"),
         ({"infra": "k8s", "cloud": "kubernetes"}, "kubernetes", None),
+        # SkyPilot's other clouds are accepted (the task runs on the selected backend, noted).
+        ({"infra": "aws"}, "aws", None),
+        ({"infra": "AWS/us-east-1/us-east-1a"}, "aws", None),
+        ({"cloud": "gcp"}, "gcp", None),
     ],
 )
 def test_infra_is_normalised(d: dict[str, object], infra: str, context: str | None) -> None:
@@ -197,12 +201,12 @@ def test_infra_is_normalised(d: dict[str, object], infra: str, context: str | No
         ({"memory": "8GB"}, "resources.memory"),
         ({"memory": 10**6}, "resources.memory"),
         ({"accelerators": "V100:1.5"}, "resources.accelerators"),
-        ({"infra": "aws"}, "resources.infra"),
+        ({"infra": "awss"}, "resources.infra"),
         ({"infra": 3}, "resources.infra"),
         ({"infra": "local/ctx"}, "resources.infra"),
         ({"infra": "k8s/"}, "resources.infra"),
         ({"infra": "k8s/my ctx"}, "resources.infra"),
-        ({"cloud": "gcp"}, "resources.cloud"),
+        ({"cloud": "gpc"}, "resources.cloud"),
         ({"infra": "k8s", "cloud": "local"}, "resources.cloud"),
         ({"image_id": ""}, "resources.image_id"),
         ({"image_id": {"us-east-1": "ami-1"}}, "resources.image_id"),
@@ -216,8 +220,8 @@ def test_from_dict_rejects_invalid_values(d: dict[str, object], key: str) -> Non
 
 def test_unknown_infra_lists_known_values() -> None:
     with pytest.raises(ResourcesError) as err:
-        Resources.from_dict({"infra": "aws"})
-    assert_one_line(err, "'aws'", "local", "kubernetes", "k8s")
+        Resources.from_dict({"infra": "kuberntes"})
+    assert_one_line(err, "'kuberntes'", "local", "kubernetes", "k8s", "did you mean 'kubernetes'?")
 
 
 def test_from_dict_unknown_key_lists_allowed_and_suggests() -> None:

@@ -338,16 +338,16 @@ def test_sshd_refuses_passwords(pair: Pair) -> None:
     assert "Permission denied" in res.stderr, res.stderr
 
 
-def test_sshd_effective_config_is_key_only(pair: Pair, tmp_path: Path) -> None:
-    # `sshd -T` on each node itself (it needs the node's /run/sshd); one file per rank
+def test_sshd_effective_config_is_key_only(pair: Pair) -> None:
+    # `sshd -T` on each node itself (it needs the node's /run/sshd), into the node's home
     sshd = shutil.which("sshd")
     for cluster in (pair.a, pair.b):
         cfgs = pair.cluster_dir(cluster) / "nodes"
-        dump = f"{sshd} -T -f {cfgs}/$SKYPILOT_NODE_RANK/sshd_config > {tmp_path}/{cluster.name}.$SKYPILOT_NODE_RANK"
+        dump = f"{sshd} -T -f {cfgs}/$SKYPILOT_NODE_RANK/sshd_config > ~/sshd-T"
         res = cluster.run(dump, timeout=60)
         assert res.returncode == 0, res.output
         for rank in range(cluster.num_nodes):
-            text = (tmp_path / f"{cluster.name}.{rank}").read_text()
+            text = (pair.node_home(cluster, rank) / "sshd-T").read_text()
             settings = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
             where = f"{cluster.name} rank {rank}"
             assert settings["permitrootlogin"] in ("without-password", "prohibit-password"), where
@@ -408,10 +408,11 @@ def test_a_node_has_no_route_out_of_its_subnet(pair: Pair, address: str) -> None
 # -------------------------------------------------------------------------- no shell injection
 
 
-def test_envs_and_task_name_arrive_literally(pair: Pair, tmp_path: Path) -> None:
-    canary = tmp_path / "canary"
-    out = tmp_path / "out"
-    out.mkdir()
+def test_envs_and_task_name_arrive_literally(pair: Pair) -> None:
+    # Where a rank writes is its own node: the canaries and the dumps go to the node's home,
+    # which the host sees at pair.node_home.
+    canary = "~/canary"
+    out = "~/out"
     values = {
         "V_SUBST": f"$(touch {canary}1)",
         "V_QUOTE": "'; rm -rf ~'; touch " + str(canary) + "2; '",
@@ -420,7 +421,7 @@ def test_envs_and_task_name_arrive_literally(pair: Pair, tmp_path: Path) -> None
         "V_DQUOTE": f'"; touch {canary}5; echo "',
         "V_BIG": ("0123456789abcdef" * 6400)[: 100 * 1024],
     }
-    dump = "; ".join(f"printf '%s' \"${name}\" > {out}/$SKYPILOT_NODE_RANK.{name}" for name in values)
+    dump = f"mkdir -p {out}; " + "; ".join(f"printf '%s' \"${name}\" > {out}/{name}" for name in values)
     half = dict(list(values.items())[:3])
     rest = dict(list(values.items())[3:])
     task = Task(run=dump, num_nodes=2, envs=half)
@@ -428,9 +429,9 @@ def test_envs_and_task_name_arrive_literally(pair: Pair, tmp_path: Path) -> None
     assert res.returncode == 0, res.output
     for rank in range(2):
         for name, value in values.items():
-            got = (out / f"{rank}.{name}").read_text()
+            got = (pair.node_home(pair.a, rank) / "out" / name).read_text()
             assert got == value, (rank, name, got[:200])
-    assert not list(tmp_path.glob("canary*"))
+        assert not list(pair.node_home(pair.a, rank).glob("canary*"))
     assert (pair.node_home(pair.a, 0) / ".ssh").is_dir()  # `rm -rf ~` did not run either
 
     name = 'it\'s "q" $(touch ~/c1) `touch ~/c2`'

@@ -249,7 +249,7 @@ def test_bad_paths(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
         ("resources: {accelerators: 'V100:1.5'}", ("resources.accelerators", "1.5")),
         ("resources: {cpus: 0}", ("resources.cpus", "0")),
         ("resources: {memory: -8}", ("resources.memory", "-8")),
-        ("resources: {infra: aws}", ("resources.infra", "'aws'", "kubernetes")),
+        ("resources: {infra: awz}", ("resources.infra", "'awz'", "kubernetes", "did you mean 'aws'?")),
     ],
 )
 def test_invalid_task_yaml(text: str, needles: tuple[str, ...]) -> None:

@@ -2,8 +2,11 @@
 
 Each cluster owns one /24 of 198.18.0.0/15 and one bridge named after it (``psky<index>``);
 its nodes are ``<cluster>-head`` at ``.2`` and ``<cluster>-worker<i>`` at ``.2+i``, each a
-``netns`` node running sshd.  The nodes share this machine's filesystem, so they see the
-same Python and tools as the test that launched them; each has its own home.
+``netns`` node running sshd.  Each node's root filesystem is a copy-on-write layer over this
+machine's (``layers/<rank>`` in the cluster's directory), so the nodes run the same Python and
+tools as the test that launched them, while what one writes (``/tmp``, a ``pip install``)
+is its own, as on a real machine: never another node's, never the host's, and gone with
+the cluster.  Each has its own home, and none sees pytest-sky's state directory.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def hosts_file(nodes: list[NodeInfo]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def passwd_with_home(home: Path) -> str:
+def passwd_with_home(home: str | Path = netns.NODE_HOME) -> str:
     """The host's /etc/passwd with root's home moved: sshd takes home from getpwnam."""
     out = []
     for line in Path("/etc/passwd").read_text().splitlines():
@@ -206,8 +209,11 @@ class LocalBackend(Backend):
             netns.reap_nodes(
                 data.get("nodes", []), cgroups=data.get("cgroups", []), node_dirs=data.get("node_dirs", "")
             )
-        if data.get("bridge"):
-            netns.delete_links(tools["ip"], [data["bridge"]])
+        # A launch interrupted between leasing its bridge and writing that down left no
+        # journal entry for it; the bridge's alias still names this cluster's directory.
+        bridge = data.get("bridge") or netns.bridge_owned_by(str(journal.path.parent))
+        if bridge:
+            netns.delete_links(tools["ip"], [bridge])
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.
@@ -277,7 +283,7 @@ class LocalBackend(Backend):
             (root / "etc").mkdir(parents=True, mode=0o700)
             home = root / "home"
             home.mkdir(mode=0o700)
-            (root / "etc" / "passwd").write_text(passwd_with_home(home))
+            (root / "etc" / "passwd").write_text(passwd_with_home())
             (root / "etc" / "hosts").write_text(hosts)
             os.chmod(root / "etc" / "passwd", 0o644)
             os.chmod(root / "etc" / "hosts", 0o644)
@@ -294,6 +300,9 @@ class LocalBackend(Backend):
                     root=root,
                     veth=veth_name(index, node.rank),
                     cgroup_mode=self.node_cgroups,
+                    # A machine of its own: its writes stay on it, and it sees no state of ours.
+                    layers=config.cluster_dir / "layers" / str(node.rank),
+                    hide=[config.cluster_dir.parent.parent],
                 )
             )
         return specs

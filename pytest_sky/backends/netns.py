@@ -65,17 +65,56 @@ addr add $PSKY_IP/$PSKY_PREFIXLEN dev eth0
 link set eth0 mtu $PSKY_MTU up
 route change $PSKY_SUBNET dev eth0 proto kernel scope link src $PSKY_IP quickack 1
 EOF
-mount -t tmpfs -o mode=755,size=64m psky-run /run
-mount -t sysfs psky-sys /sys
-[ -z "$PSKY_CGROUP" ] || mount -t cgroup2 -o "$PSKY_CGROUP,nosuid,nodev,noexec" psky-cgroup /sys/fs/cgroup
-mkdir -m 755 /run/sshd
-mount --bind "$PSKY_ROOT/etc/passwd" /etc/passwd
-mount --bind "$PSKY_ROOT/etc/hosts" /etc/hosts
+# R: where the node's root is assembled before pivot_root ("" = the host's own, shared).
+R=${PSKY_LAYERS:+$PSKY_LAYERS/merged}
+if [ -n "$R" ]; then
+  layer() {  # layer N LOWER TARGET: a copy-on-write view of LOWER whose writes land in layer N
+    mount -t overlay "psky-layer$1" -o "lowerdir=$2,upperdir=$PSKY_LAYERS/$1/upper,workdir=$PSKY_LAYERS/$1/work" "$3"
+  }
+  if ! layer 0 / "$R" 2>>"$PSKY_LOG"; then
+    # The state directory's filesystem cannot hold an upper layer (it is an overlay itself,
+    # as in a container): keep the node's writes in memory instead, private all the same.
+    mount -t tmpfs -o mode=700 psky-layers "$PSKY_LAYERS"
+    mkdir "$R"
+    printf '0 rw /\n%s\n' "$PSKY_SUBMOUNTS" | while read -r i mode path; do
+      [ "$mode" = rw ] || continue
+      mkdir -p "$PSKY_LAYERS/$i/upper" "$PSKY_LAYERS/$i/work"
+      chmod --reference="$path" "$PSKY_LAYERS/$i/upper" && chown --reference="$path" "$PSKY_LAYERS/$i/upper"
+    done
+    layer 0 / "$R"
+  fi
+  while read -r i mode path; do
+    [ -n "$path" ] && [ -e "$R$path" ] || continue
+    [ "$mode" = rw ] && layer "$i" "$path" "$R$path" 2>>"$PSKY_LOG" && continue
+    mount --bind "$path" "$R$path" && mount -o remount,bind,ro "$R$path"
+  done <<MOUNTS
+$PSKY_SUBMOUNTS
+MOUNTS
+  mount --rbind /dev "$R/dev"
+  mount -t tmpfs -o mode=1777,nosuid,nodev psky-shm "$R/dev/shm"
+  mount -t proc -o nosuid,nodev,noexec psky-proc "$R/proc"
+  for h in $PSKY_HIDE; do mount -t tmpfs -o mode=700,size=1m psky-hidden "$R$h"; done
+  mkdir -p "$R$PSKY_ROOT" && mount --bind "$PSKY_ROOT" "$R$PSKY_ROOT"
+  # Every node's home is at the same path, as on a real cluster (mpirun starts remote ranks
+  # in the head's working directory): the node's own home directory, at NODE_HOME.
+  mkdir -p "$R$PSKY_NODE_HOME" && mount --bind "$PSKY_ROOT/home" "$R$PSKY_NODE_HOME"
+fi
+mount -t tmpfs -o mode=755,size=64m psky-run "$R/run"
+mount -t sysfs psky-sys "$R/sys"
+[ -z "$PSKY_CGROUP" ] || mount -t cgroup2 -o "$PSKY_CGROUP,nosuid,nodev,noexec" psky-cgroup "$R/sys/fs/cgroup"
+mkdir -m 755 "$R/run/sshd"
+mount --bind "$PSKY_ROOT/etc/passwd" "$R/etc/passwd"
+mount --bind "$PSKY_ROOT/etc/hosts" "$R/etc/hosts"
 for m in $PSKY_EXTRA_MOUNTS; do
   src=${m%%=*}; dst=${m#*=}
-  case "$dst" in /run/*) mkdir -p "$dst" ;; esac  # never create directories on the host's disk
-  mount --bind -o ro "$src" "$dst"
+  # Never create directories on the host's disk: only in /run or in a private root.
+  if [ -n "$R" ]; then mkdir -p "$R$dst"; else case "$dst" in /run/*) mkdir -p "$dst" ;; esac; fi
+  mount --bind -o ro "$src" "$R$dst"
 done
+if [ -n "$R" ]; then
+  cd "$R" && mkdir -p .psky-old && pivot_root . .psky-old && cd /
+  umount -l /.psky-old && rmdir /.psky-old
+fi
 echo configured
 if [ -n "$PSKY_COMMAND" ]; then
   exec /bin/sh -c "exec $PSKY_COMMAND" >>"$PSKY_LOG" 2>&1
@@ -90,7 +129,9 @@ class NodeSpec:
 
     hostname: str
     ip: str
-    root: Path  # holds etc/passwd, etc/hosts, sshd_config; the node's log goes here too
+    #: Holds etc/passwd, etc/hosts, sshd_config and home/ (the node's home: at NODE_HOME on a
+    #: node with layers, at this path otherwise); the node's log goes here too.
+    root: Path
     veth: str  # host-side link name, at most 15 characters
     extra_mounts: dict[str, str] = field(default_factory=dict)  # host path -> node path (read-only)
     #: Instead of sshd, the node's first process (the emulator's pods run their container's
@@ -101,6 +142,14 @@ class NodeSpec:
     #: (a Kubernetes pod, whose cgroupfs is read-only) or "" (no cgroup namespace).  The host
     #: gives the node a cgroup of its own whenever it can, whatever the node sees.
     cgroup_mode: str = "rw"
+    #: Where the node's own root filesystem lives: a copy-on-write layer over the host's
+    #: ``/`` (and over each of its other mounts), so that what the node writes anywhere is
+    #: seen by it alone and goes with ``layers``.  None: the node shares the host's files.
+    layers: Path | None = None
+    #: Host directories the node must not see (the state directory, with every cluster's
+    #: keys and every node's layers): each is an empty directory on the node.  The node's
+    #: own ``root`` stays visible at its path.
+    hide: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -341,6 +390,14 @@ def link_alias(link: str) -> str:
         return ""
 
 
+def bridge_owned_by(owner: str) -> str | None:
+    """The bridge of ours whose alias is ``owner`` (a cluster's directory), if there is one."""
+    for name in os.listdir("/sys/class/net"):
+        if re.fullmatch(rf"{LINK_PREFIX}\d+", name) and link_alias(name) == owner:
+            return name
+    return None
+
+
 def delete_links(ip: str, names: Sequence[str]) -> None:
     """Delete links that exist; a link already gone is fine (teardown is idempotent)."""
     present = [n for n in names if link_exists(n)]
@@ -521,9 +578,72 @@ def _node_env(spec: NodeSpec, log_path: Path, *, prefixlen: int, subnet: str, mt
         "PSKY_SSHD": sshd,
         "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),
         "PSKY_COMMAND": shlex.join(spec.command) if spec.command else "",
+        "PSKY_LAYERS": "",
     }
+    if spec.layers is not None:
+        submounts = host_submounts(spec.hide)
+        prepare_layers(spec.layers, submounts)
+        env["PSKY_LAYERS"] = str(spec.layers)
+        env["PSKY_SUBMOUNTS"] = "\n".join(f"{i} {mode} {path}" for i, (mode, path) in enumerate(submounts, 1))
+        env["PSKY_HIDE"] = " ".join(str(h) for h in spec.hide)
+        env["PSKY_NODE_HOME"] = NODE_HOME
     env.update(spec.env)
     return env
+
+
+#: Root's home on every node with a root of its own (``NodeSpec.layers``): the node's
+#: ``root/home`` directory, mounted there.  The same path on every node, as on a cluster
+#: (SkyPilot's own pods use it); not ``/root``, which on many hosts holds the very Python
+#: (pyenv, a venv) the nodes run, and which a mount there would hide.
+NODE_HOME = "/home/sky"
+
+#: Mounts a node makes afresh for itself (its own /proc, /sys, /dev/shm and /run), whatever
+#: the host has there.
+_NODE_OWN_MOUNTS = ("/proc", "/sys", "/dev", "/run")
+
+
+def host_submounts(hidden: Sequence[Path] = ()) -> list[tuple[str, str]]:
+    """The host's mounts below ``/`` that a node's root carries, in mount order, as
+    ``("rw" | "ro", path)``: a writable one gets a copy-on-write layer of its own, a
+    read-only one stays read-only.  Paths with whitespace are left out (the node's init
+    reads lines), as are those under a hidden directory."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    found: dict[str, str] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        inside = [own for own in _NODE_OWN_MOUNTS if path == own or path.startswith(own + "/")]
+        if path == "/" or inside or any(c.isspace() for c in path):
+            continue
+        if any(Path(path) == h or Path(path).is_relative_to(h) for h in hidden):
+            continue
+        found.pop(path, None)  # the later mount over the same path is the one that shows
+        found[path] = "ro" if "ro" in fields[3].split(",") else "rw"
+    return [(mode, path) for path, mode in found.items()]
+
+
+def prepare_layers(layers: Path, submounts: Sequence[tuple[str, str]]) -> None:
+    """The directories a node's layers need, made on the host before it starts: each upper
+    directory takes the mode and owner of what it covers (it becomes that directory's own
+    attributes on the node: ``/`` 0755, ``/tmp`` 1777)."""
+    (layers / "merged").mkdir(parents=True, exist_ok=True, mode=0o700)
+    for i, (mode, path) in [(0, ("rw", "/")), *enumerate(submounts, 1)]:
+        if mode != "rw":
+            continue
+        upper, work = layers / str(i) / "upper", layers / str(i) / "work"
+        upper.mkdir(parents=True, exist_ok=True)
+        work.mkdir(exist_ok=True)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        os.chown(upper, st.st_uid, st.st_gid)
+        os.chmod(upper, st.st_mode & 0o7777)
 
 
 def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict[str, str]) -> NodeProcess:

@@ -3,7 +3,10 @@
 A pod is a ``pytest_sky.backends.netns`` node whose first process is the container's
 command: its own network, UTS, mount and PID namespaces, one veth into the emulator's
 bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
-the local backend leases its subnets), a private ``/run``, and bind-mounted ``/etc/passwd``
+the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
+over this machine's, as a container's writable layer over its image, reset when the
+container restarts; the emulator's own state is hidden), a private ``/run``, and
+bind-mounted ``/etc/passwd``
 (root's home is the pod's own directory) and ``/etc/hosts`` (which stands in for cluster
 DNS: the pod and, through a headless Service named like the pod's ``subdomain``, its
 peers).  Secret volumes are written to a host directory and bind-mounted read-only.
@@ -472,7 +475,7 @@ class Kubelet:
         return target
 
     def _container_env(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": str(rt.root / "home")}
+        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": netns.NODE_HOME}
         for source in container.get("envFrom") or []:
             ref = source.get("secretRef")
             if ref:
@@ -499,7 +502,7 @@ class Kubelet:
                 raw = (secret.get("data") or {}).get(sref.get("key", ""))
                 value = base64.b64decode(raw).decode(errors="replace") if raw is not None else ""
             env[item["name"]] = value or ""
-        env["HOME"] = str(rt.root / "home")  # root's home is the node's own directory
+        env["HOME"] = netns.NODE_HOME  # root's home: the pod's own directory, mounted there
         return env
 
     def _node_spec(
@@ -508,7 +511,7 @@ class Kubelet:
         (rt.root / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
         home = rt.root / "home"
         home.mkdir(exist_ok=True, mode=0o700)
-        (rt.root / "etc" / "passwd").write_text(passwd_with_home(home))
+        (rt.root / "etc" / "passwd").write_text(passwd_with_home())
         hosts = rt.root / "etc" / "hosts"
         if not hosts.exists():
             hosts.write_text(self._hosts_for(rt))
@@ -533,6 +536,10 @@ class Kubelet:
             command=command,
             env=rt.env,
             cgroup_mode="ro",  # a pod's cgroupfs is read-only, as containerd mounts it
+            # The container's own writable layer over the "image" (this machine's files), and
+            # none of the emulator's state (other pods' files, their Secrets) in sight.
+            layers=rt.root / "layers",
+            hide=[self.instance_dir],
         )
 
     async def _run_once(
@@ -543,6 +550,8 @@ class Kubelet:
         if pod is None:
             return None
         loop = asyncio.get_running_loop()
+        if not first:  # a restarted container starts from its image again, as with containerd
+            await loop.run_in_executor(self.pool, lambda: shutil.rmtree(rt.root / "layers", ignore_errors=True))
         spec = self._node_spec(rt, pod, container, mounts)
         if first:
             image = container.get("image", "")
@@ -817,8 +826,13 @@ class Kubelet:
             "--uts",
             "--mount",
             "--pid",
-            f"--wd={rt.workdir}",
             "--",
+            # Not nsenter's --wd: it opens the directory before entering the mount namespace,
+            # which leaves the command in the emulator's tree instead of the pod's own root.
+            "/bin/sh",
+            "-c",
+            'cd -- "$0" && exec "$@"',
+            rt.workdir,
         ]
         if tty:
             import pty

@@ -1,0 +1,120 @@
+"""Every node is a machine of its own: a private, copy-on-write root filesystem.
+
+A write anywhere on a node is that node's alone (never another node's, never the host's)
+and goes with the cluster; the host's files are all there, unchanged, and the tools the
+test runs under work on every node.  Each check runs a real cluster of namespace nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky import Task
+
+VENV_SITE = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("fs-home")
+    old = os.environ.get("PYTEST_SKY_HOME")
+    os.environ["PYTEST_SKY_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("PYTEST_SKY_HOME", None)
+    else:
+        os.environ["PYTEST_SKY_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster(home: Path):
+    c = pytest_sky.launch(num_nodes=2, name=f"fs-{os.getpid() % 10000}")
+    yield c
+    c.down()
+
+
+def probe_wheel(where: Path) -> Path:
+    """The smallest installable wheel: one module, ``psky_probe``, that names its node."""
+    wheel = where / "psky_probe-0.1-py3-none-any.whl"
+    info = "psky_probe-0.1.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("psky_probe.py", "import socket\nNODE = socket.gethostname()\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: psky-probe\nVersion: 0.1\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_a_write_anywhere_stays_on_its_node(cluster, tmp_path: Path):
+    tag = f"psky-fs-{os.getpid()}-{tmp_path.name}"
+    places = [f"/tmp/{tag}", f"/opt/{tag}", f"/usr/local/{tag}", f"{VENV_SITE}/{tag}", f"{tmp_path}/{tag}"]
+    write = "; ".join(f"echo $SKYPILOT_NODE_RANK > {p}" for p in places)
+    res = cluster.run(f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then {write}; fi; cat {" ".join(places)} 2>&1 | wc -l')
+    assert res.returncode == 0, res.output
+    # Rank 0 reads back its five files; rank 1 sees none of them (five errors, one line each).
+    assert [r.stdout.strip() for r in res.ranks] == ["5", "5"]
+    again = cluster.run(f"cat {places[0]} 2>/dev/null || echo absent")
+    assert [r.stdout.strip() for r in again.ranks] == ["0", "absent"]
+    assert [p for p in places if os.path.exists(p)] == []  # nothing reached the host
+
+
+def test_the_hosts_files_are_there_unchanged_and_its_tools_work(cluster, tmp_path: Path):
+    mine = tmp_path / "host-file"
+    mine.write_text("the host's\n")
+    res = cluster.run(
+        f"cat {mine}; echo changed > {mine}; cat {mine}; python -c 'import torch; print(torch.__version__)'"
+    )
+    assert res.returncode == 0, res.output
+    for rank in res.ranks:
+        lines = rank.stdout.splitlines()
+        assert lines[:2] == ["the host's", "changed"]
+        assert lines[2] == __import__("torch").__version__
+    assert mine.read_text() == "the host's\n"
+    # A change the host makes later shows through where the node never wrote.
+    later = tmp_path / "later"
+    later.write_text("new on the host\n")
+    assert {r.stdout for r in cluster.run(f"cat {later}").ranks} == {"new on the host\n"}
+
+
+def test_pip_install_in_setup_is_that_nodes_only(cluster, tmp_path: Path):
+    wheel = probe_wheel(tmp_path)
+    task = Task(
+        setup=f'[ "$SKYPILOT_SETUP_NODE_RANK" != 0 ] || python -m pip install -q --no-index --no-deps {wheel}',
+        run="python -c 'import psky_probe; print(psky_probe.NODE)' 2>&1 | tail -n1",
+        num_nodes=2,
+    )
+    res = cluster.run(task)
+    assert res.ranks[0].stdout.strip() == f"{cluster.name}-head", res.output
+    assert "No module named 'psky_probe'" in res.ranks[1].stdout
+    import importlib.util
+
+    assert importlib.util.find_spec("psky_probe") is None  # the host's venv is untouched
+
+
+def test_nodes_see_no_state_of_ours(cluster, home: Path):
+    """The client's key, the records and the other nodes' layers are not on any node."""
+    cdir = home / "clusters" / cluster.name
+    res = cluster.run(f"ls -A {home}; ls -A {cdir}; ls {cdir / 'id_ed25519'} 2>&1 | wc -l; ls ~/.ssh | wc -l")
+    assert res.returncode == 0, res.output
+    for rank in res.ranks:
+        assert rank.stdout.splitlines() == ["clusters", "nodes", "1", "5"]
+    assert (cdir / "id_ed25519").exists()
+
+
+def test_nothing_of_a_nodes_layer_is_left_after_teardown(home: Path):
+    c = pytest_sky.launch(num_nodes=2, name=f"fs-down-{os.getpid() % 10000}")
+    layers = home / "clusters" / c.name / "layers"
+    try:
+        c.run("head -c 1048576 /dev/zero > /var/tmp/psky-big")
+        assert sorted(p.name for p in layers.iterdir()) == ["0", "1"]
+        assert (layers / "0" / "0" / "upper" / "var" / "tmp" / "psky-big").stat().st_size == 1048576
+    finally:
+        c.down()
+    assert not layers.exists()
+    assert not Path("/var/tmp/psky-big").exists()

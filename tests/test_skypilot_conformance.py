@@ -1,0 +1,101 @@
+"""SkyPilot's script semantics, each point on a real cluster of namespace nodes.
+
+Checked against SkyPilot's own behaviour (``sky/skylet/log_lib.make_task_bash_script``: a
+task's script starts with ``source ~/.bashrc``, then the job's variables are exported over
+it; setup runs outside any GPU allocation, so ``CUDA_VISIBLE_DEVICES`` is not set there) and
+against the checks of its smoke test of these semantics, written here as our own task.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky import Resources, Task
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("conformance-home")
+    old = os.environ.get("PYTEST_SKY_HOME")
+    os.environ["PYTEST_SKY_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("PYTEST_SKY_HOME", None)
+    else:
+        os.environ["PYTEST_SKY_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(home: Path):
+    """Two nodes sharing two (pretend) GPUs: run sees each node's share, setup must not."""
+    c = pytest_sky.launch(
+        num_nodes=2, name=f"conf-{os.getpid() % 10000}", gpus="V100:1", backend_options={"devices": ["0", "1"]}
+    )
+    yield c
+    c.down()
+
+
+ENV_CHECK = """\
+name: env-check
+num_nodes: 2
+resources:
+  infra: aws
+  accelerators: V100:1
+workdir: {workdir}
+envs:
+  FROM_TASK: task
+setup: |
+  echo "export TEST_VAR=from-bashrc" >> ~/.bashrc
+  echo "export FROM_TASK=bashrc" >> ~/.bashrc
+  if [[ -v CUDA_VISIBLE_DEVICES ]]; then echo "setup sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; exit 1; fi
+run: |
+  [[ "$TEST_VAR" == from-bashrc ]] || {{ echo "TEST_VAR is '$TEST_VAR'"; exit 1; }}
+  [[ -d ~/sky_workdir/pkg ]] || {{ echo "no workdir"; exit 1; }}
+  [[ -n "$SKYPILOT_NODE_RANK" ]] || exit 1
+  echo "rank=$SKYPILOT_NODE_RANK gpu=$CUDA_VISIBLE_DEVICES from_task=$FROM_TASK"
+"""
+
+
+def test_a_skypilot_env_check_task_runs_unmodified(gpu_cluster, tmp_path: Path):
+    """What SkyPilot's own env-check example asserts: setup's export reaches run through
+    ``~/.bashrc``, setup has no CUDA_VISIBLE_DEVICES, the workdir arrived; and the task
+    names a cloud (``infra: aws``), which runs here with a one-line note."""
+    workdir = tmp_path / "work"
+    (workdir / "pkg").mkdir(parents=True)
+    path = tmp_path / "env_check.yaml"
+    path.write_text(ENV_CHECK.format(workdir=workdir))
+    task = Task.from_yaml(path)
+    assert task.resources.infra == "aws"
+    res = gpu_cluster.run(task)
+    assert res.returncode == 0, res.output
+    # Run sees each node's GPU share; the task's envs win over what ~/.bashrc exports.
+    assert [r.stdout.strip() for r in res.ranks] == ["rank=0 gpu=0 from_task=task", "rank=1 gpu=1 from_task=task"]
+
+
+def test_a_task_naming_another_cloud_launches_here_with_a_note(home: Path, capfd: pytest.CaptureFixture[str]):
+    task = Task(run="echo ran", resources=Resources(infra="gcp"))
+    with pytest_sky.launch(task, name=f"conf-gcp-{os.getpid() % 10000}") as c:
+        assert c.backend == "local" and c.last_result.ok, c.last_result.output
+    notes = [line for line in capfd.readouterr().err.splitlines() if "note:" in line]
+    assert notes == [
+        "pytest-sky: note: the task asks for infra gcp, which pytest-sky does not provision; it runs on local"
+    ]
+
+
+def test_setup_has_no_gpu_variable_unless_the_task_sets_it(gpu_cluster):
+    probe = 'echo "${CUDA_VISIBLE_DEVICES-unset}"'
+    res = gpu_cluster.run(Task(setup=probe, run=probe, num_nodes=2))
+    assert [r.stdout.split() for r in res.ranks] == [["unset", "0"], ["unset", "1"]], res.output
+    res = gpu_cluster.run(Task(setup=probe, run="true", num_nodes=2, envs={"CUDA_VISIBLE_DEVICES": "7"}))
+    assert [r.stdout.split() for r in res.ranks] == [["7"], ["7"]], res.output
+
+
+def test_bashrc_comes_first_and_the_jobs_variables_over_it(gpu_cluster):
+    """A ``~/.bashrc`` that sets PATH or a SkyPilot variable does not win over the job's."""
+    gpu_cluster.run("echo 'export SKYPILOT_NODE_RANK=99; export PSKY_BASHRC=seen' >> ~/.bashrc")
+    res = gpu_cluster.run('echo "$SKYPILOT_NODE_RANK $PSKY_BASHRC"')
+    assert [r.stdout.strip() for r in res.ranks] == ["0 seen", "1 seen"]
