@@ -25,15 +25,8 @@ from tests.unprivileged import AS_NOBODY, AS_ROOT_WITHOUT_CAPS, run_python, worl
 
 
 @pytest.fixture(scope="module")
-def sky_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("skyhome")
-    old = os.environ.get("PYTEST_SKY_HOME")
-    os.environ["PYTEST_SKY_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("PYTEST_SKY_HOME", None)
-    else:
-        os.environ["PYTEST_SKY_HOME"] = old
+def sky_home(module_home: Path) -> Path:
+    return module_home
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,8 @@ VENV_SITE = next(p for p in sys.path if p.endswith("site-packages") and p.starts
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("fs-home")
-    old = os.environ.get("PYTEST_SKY_HOME")
-    os.environ["PYTEST_SKY_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("PYTEST_SKY_HOME", None)
-    else:
-        os.environ["PYTEST_SKY_HOME"] = old
+def home(module_home: Path) -> Path:
+    return module_home
 
 
 @pytest.fixture(scope="module")
