@@ -136,7 +136,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     else:
         try:
             cluster, task = bring_up(
-                task, num_nodes, requested, name=args.cluster, settings=chosen, keep=True, store=store
+                task,
+                num_nodes,
+                requested,
+                name=args.cluster,
+                settings=chosen,
+                keep=True,
+                shared_dir=args.shared_dir,
+                store=store,
             )
         except KeyboardInterrupt:
             console.error(f"interrupted while launching {args.cluster}: removed what was created")
@@ -418,6 +425,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         help="where nodes run (default: PYTEST_SKY_BACKEND, else the task's infra, else local)",
     )
     p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
+    p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
     p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
     p.set_defaults(func=cmd_launch)

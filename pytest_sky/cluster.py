@@ -28,7 +28,7 @@ from pytest_sky.settings import Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
 from pytest_sky.state import ClusterRecord, Journal, StateStore
-from pytest_sky.task import Task, as_task, validate_envs
+from pytest_sky.task import Task, as_task, check_shared_dir, validate_envs
 
 if TYPE_CHECKING:
     import paramiko
@@ -284,6 +284,7 @@ def launch(
     backend_options: dict | None = None,
     settings: Settings | None = None,
     keep: bool = False,
+    shared_dir: str | None = None,
     store: StateStore | None = None,
     run_timeout: float | None = None,
     on_created: Callable[[Cluster], None] | None = None,
@@ -294,6 +295,8 @@ def launch(
     ``backend`` (default: ``PYTEST_SKY_BACKEND``, else the task's ``infra``, else local) and
     the environment's other ``PYTEST_SKY_*`` settings apply unless ``settings`` (the plugin's
     resolved ones) is given; ``backend_options`` go to the backend's constructor on top.
+    ``shared_dir`` (e.g. ``/mnt/shared``) is one directory shared by every node at that path,
+    for code that expects a shared filesystem; without it nodes share nothing.
     """
     extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
     cluster, task = bring_up(
@@ -304,6 +307,7 @@ def launch(
         settings=settings or resolve_settings(backend=backend),
         backend_options=backend_options,
         keep=keep,
+        shared_dir=shared_dir,
         store=store,
     )
     if on_created is not None:
@@ -327,6 +331,7 @@ def bring_up(
     settings: Settings,
     backend_options: dict | None = None,
     keep: bool = False,
+    shared_dir: str | None = None,
     store: StateStore | None = None,
 ) -> tuple[Cluster, Task | None]:
     """The cluster a launch asks for, up; and the task with the node count it will run on.
@@ -338,10 +343,12 @@ def bring_up(
     for note in notes:
         console.note(note)
     name = validate_name(name or _default_name())
+    shared = check_shared_dir(shared_dir)
     be = get_backend(placed.backend, **{**placed.backend_options(), **(backend_options or {})})
-    be.plan(name, n, res)  # before touching any state: refuse what can never work
+    be.plan(name, n, res, shared)  # before touching any state: refuse what can never work
     store = store or StateStore()
-    return Cluster(lifecycle.provision(be, store, name, n, res, keep=keep), be, store), task
+    record = lifecycle.provision(be, store, name, n, res, keep=keep, shared_dir=shared)
+    return Cluster(record, be, store), task
 
 
 def _default_name() -> str:

@@ -87,7 +87,14 @@ def _claim(
 
 
 def provision(
-    backend: Backend, store: StateStore, name: str, num_nodes: int, resources: Resources, *, keep: bool = False
+    backend: Backend,
+    store: StateStore,
+    name: str,
+    num_nodes: int,
+    resources: Resources,
+    *,
+    keep: bool = False,
+    shared_dir: str | None = None,
 ) -> ClusterRecord:
     """Claim the name, create the nodes, bootstrap SSH to them and save the record as UP.
 
@@ -108,6 +115,7 @@ def provision(
         cluster_dir=cluster_dir,
         journal=journal,
         home_files=bootstrap.home_files(keys),
+        shared_dir=shared_dir,
     )
     try:
         info = backend.create(config)

@@ -11,6 +11,12 @@ from __future__ import annotations
 HEAD = "head"
 WORKER = "worker"
 
+#: Root's home on every node, the same path on each as on a cluster (SkyPilot's own pods use
+#: it); not ``/root``, which on many hosts holds the very Python (pyenv, a venv) nodes run.
+NODE_HOME = "/home/sky"
+#: What every node mounts afresh for itself, whatever the host has there.
+NODE_OWN_MOUNTS = ("/proc", "/sys", "/dev", "/run")
+
 
 def role(rank: int) -> str:
     """``head`` for rank 0, ``worker`` for every other rank (the Kubernetes role label)."""

@@ -334,14 +334,19 @@ def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
 
 
 def multinode_shape(
-    num_nodes: int = 2, *, gpus: object = None, cpus: object = None, memory: object = None
+    num_nodes: int = 2,
+    *,
+    gpus: object = None,
+    cpus: object = None,
+    memory: object = None,
+    shared_dir: str | None = None,
 ) -> dict[str, Any]:
     """The signature of ``@pytest.mark.multinode``: the marker's arguments are bound to it.
 
     Python's own binding refuses an unknown keyword or a second positional argument;
     :func:`_marker_shape` only turns its TypeError into a line that says what to write.
     """
-    shape = {"num_nodes": num_nodes, "gpus": gpus, "cpus": cpus, "memory": memory}
+    shape = {"num_nodes": num_nodes, "gpus": gpus, "cpus": cpus, "memory": memory, "shared_dir": shared_dir}
     return {k: v for k, v in shape.items() if v is not None}
 
 

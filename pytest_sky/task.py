@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from pytest_sky import naming
 from pytest_sky.errors import TaskError
 from pytest_sky.resources import (
     RESOURCE_KEYS,
@@ -306,6 +307,27 @@ def _remote_target(remote: str, key: str) -> str:
     norm = "/" + norm.lstrip("/")
     if norm == "/":
         raise TaskError(f"{key} is the root directory itself; name a directory (e.g. /data)")
+    return norm
+
+
+#: Where a shared directory cannot go: what every node makes for itself, and the home.
+_NOT_SHARED = (*naming.NODE_OWN_MOUNTS, naming.NODE_HOME)
+
+
+def check_shared_dir(value: object) -> str | None:
+    """``shared_dir`` in normal form (an absolute path of its own), or a one-line error."""
+    import posixpath
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise TaskError(f"shared_dir must be an absolute path such as /mnt/shared, got {format_value(value)}")
+    norm = "/" + posixpath.normpath(value).lstrip("/")
+    if norm == "/" or any(norm == p or norm.startswith(p + "/") for p in _NOT_SHARED):
+        raise TaskError(
+            f"shared_dir {format_value(value)} would cover a directory every node needs of its own; "
+            "pick one such as /mnt/shared"
+        )
     return norm
 
 

@@ -124,3 +124,30 @@ def test_torch_gloo_allreduce_across_nodes(sky_launch):
     assert res.returncode == 0, res.output
     reported = [[line for line in r.stdout.splitlines() if line.startswith("rank=")] for r in res.ranks]
     assert reported == [["rank=0 world=2 sum=3"], ["rank=1 world=2 sum=3"]], res.output
+
+
+def _checkpoint_task() -> Task:
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
+    return Task.from_yaml(EXAMPLES / "checkpoint_shared" / "task.yaml")
+
+
+@pytest.mark.multinode
+def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch, sky_backend):
+    if sky_backend == "kubernetes":
+        pytest.skip("shared_dir on Kubernetes needs a ReadWriteMany PersistentVolumeClaim, not mounted yet")
+    cluster = sky_launch(_checkpoint_task(), shared_dir="/mnt/shared")
+    res = cluster.last_result
+    assert res.returncode == 0, res.output
+    sums = {line.split("checksum=")[1] for r in res.ranks for line in r.stdout.splitlines() if "checksum=" in line}
+    assert len(sums) == 1 and all("loaded" in r.stdout for r in res.ranks), res.output
+
+
+@pytest.mark.multinode
+def test_checkpoint_without_a_shared_dir_fails_clearly_as_on_a_real_cluster(sky_launch):
+    """Nodes share no disk unless asked: the worker finds no checkpoint and says why."""
+    cluster = sky_launch(_checkpoint_task())
+    res = cluster.last_result
+    assert res.returncode != 0
+    assert "loaded checksum=" in res.ranks[0].stdout
+    assert "no checkpoint at /mnt/shared/model.pt" in res.ranks[1].stdout
+    assert "the nodes share no filesystem" in res.ranks[1].stdout

@@ -303,3 +303,10 @@ def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch:
     finally:
         c.down()
     assert ours(emu3, "k8s-infra") == []
+
+
+def test_a_shared_directory_is_refused_before_anything_is_created(home: Path, emu3: Emulator):
+    with pytest.raises(BackendUnavailableError, match=r"^shared_dir=/mnt/shared on Kubernetes needs a ReadWriteMany"):
+        launch(emu3, "k8s-shared", shared_dir="/mnt/shared")
+    assert ours(emu3, "k8s-shared") == []
+    assert not (home / "clusters" / "k8s-shared").exists()

@@ -111,3 +111,34 @@ def test_nothing_of_a_nodes_layer_is_left_after_teardown(home: Path):
         c.down()
     assert not layers.exists()
     assert not Path("/var/tmp/psky-big").exists()
+
+
+def test_a_shared_directory_is_shared_and_goes_with_the_cluster(home: Path):
+    c = pytest_sky.launch(num_nodes=2, name=f"fs-shared-{os.getpid() % 10000}", shared_dir="/mnt/shared")
+    shared = home / "clusters" / c.name / "shared"
+    try:
+        first = c.run('[ "$SKYPILOT_NODE_RANK" != 0 ] || echo "from the head" > /mnt/shared/note')
+        assert first.ok, first.output
+        res = c.run("cat /mnt/shared/note; echo $SKYPILOT_NODE_RANK > /mnt/shared/rank-$SKYPILOT_NODE_RANK")
+        assert [r.stdout for r in res.ranks] == ["from the head\n"] * 2, res.output
+        assert sorted(p.name for p in shared.iterdir()) == ["note", "rank-0", "rank-1"]
+        assert not Path("/mnt/shared/note").exists()  # the host's own /mnt is untouched
+    finally:
+        c.down()
+    assert not shared.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("mnt/shared", "shared_dir must be an absolute path such as /mnt/shared, got 'mnt/shared'"),
+        ("/", "shared_dir '/' would cover a directory every node needs of its own"),
+        ("/proc/x", "shared_dir '/proc/x' would cover"),
+        ("/home/sky/../sky", "shared_dir '/home/sky/../sky' would cover"),
+    ],
+)
+def test_a_bad_shared_directory_is_one_line_before_anything_starts(home: Path, value: str, message: str):
+    with pytest.raises(pytest_sky.TaskError) as err:
+        pytest_sky.launch(num_nodes=2, name="fs-bad-shared", shared_dir=value)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert not (home / "clusters" / "fs-bad-shared").exists()

@@ -483,6 +483,11 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
             def test_positional(sky_cluster):
                 record(sky_cluster, "positional")
 
+            @pytest.mark.multinode(num_nodes=2, shared_dir="/mnt/team")
+            def test_shared_dir(sky_cluster):
+                sky_cluster.run('[ "$SKYPILOT_NODE_RANK" != 1 ] || echo from-worker > /mnt/team/f')
+                assert [r.stdout for r in sky_cluster.run("cat /mnt/team/f").ranks] == ["from-worker\\n"] * 2
+
             @pytest.mark.multinode(nodes=3)
             def test_unknown_argument(sky_cluster):
                 pass
@@ -494,9 +499,9 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
         )
     )
     result = pytester.runpytest_subprocess()
-    result.assert_outcomes(passed=2, errors=2)
+    result.assert_outcomes(passed=3, errors=2)
     assert report_block(result, "ERROR at setup of test_unknown_argument") == [
-        "pytest-sky: multinode() got unknown argument(s) nodes; allowed: cpus, gpus, memory, num_nodes"
+        "pytest-sky: multinode() got unknown argument(s) nodes; allowed: cpus, gpus, memory, num_nodes, shared_dir"
     ]
     block = report_block(result, "ERROR at setup of test_zero_nodes")
     assert any(line.startswith("pytest-sky: ") and "num_nodes" in line for line in block), block

@@ -33,6 +33,9 @@ class ProvisionConfig:
     journal: Journal
     #: What every node's home gets before its sshd starts (keys, the agent).
     home_files: HomeFiles
+    #: Where one directory shared by every node appears on each (opt-in, as NFS would);
+    #: None: nodes share nothing.
+    shared_dir: str | None = None
 
 
 class Backend(ABC):
@@ -51,7 +54,7 @@ class Backend(ABC):
         return False
 
     @abstractmethod
-    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+    def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
         """Refuse a request this backend can never satisfy, before anything is created."""
 
     @abstractmethod

@@ -124,8 +124,14 @@ class KubernetesBackend(Backend):
         self.api()
         return client.CoreV1Api(client.ApiClient(self._cfg))
 
-    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+    def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
         from kubernetes.client.exceptions import ApiException
+
+        if shared_dir:
+            raise BackendUnavailableError(
+                f"shared_dir={shared_dir} on Kubernetes needs a ReadWriteMany PersistentVolumeClaim, which "
+                "pytest-sky does not mount yet: run this test on the local backend (or without shared_dir)"
+            )
 
         api = self.api()
         try:

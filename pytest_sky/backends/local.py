@@ -102,7 +102,7 @@ class LocalBackend(Backend):
 
     # -- interface -------------------------------------------------------------------------
 
-    def plan(self, name: str, num_nodes: int, resources: Resources) -> None:
+    def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
         if num_nodes > MAX_NODES:
             raise ResourcesError(
                 f"num_nodes={num_nodes} is more than the local backend's {MAX_NODES} nodes per cluster"
@@ -155,6 +155,11 @@ class LocalBackend(Backend):
                 region=self.name,
             )
             specs = self._write_node_dirs(config, info, index)
+            if config.shared_dir:  # one directory of the cluster's, the same on every node
+                shared = config.cluster_dir / "shared"
+                shared.mkdir(mode=0o755, exist_ok=True)
+                for spec in specs:
+                    spec.shared_mounts[str(shared)] = config.shared_dir
             # Intent before action: a run killed while its nodes start leaves a journal from
             # which the next run's reaper finds them (their cgroups, their command lines).
             journal.update(

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_sky import procs
+from pytest_sky import naming, procs
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,10 @@ for m in $PSKY_EXTRA_MOUNTS; do
   if [ -n "$R" ]; then mkdir -p "$R$dst"; else case "$dst" in /run/*) mkdir -p "$dst" ;; esac; fi
   mount --bind -o ro "$src" "$R$dst"
 done
+for m in ${R:+$PSKY_SHARED_MOUNTS}; do
+  src=${m%%=*}; dst=${m#*=}
+  mkdir -p "$R$dst" && mount --bind "$src" "$R$dst"
+done
 if [ -n "$R" ]; then
   cd "$R" && mkdir -p .psky-old && pivot_root . .psky-old && cd /
   umount -l /.psky-old && rmdir /.psky-old
@@ -150,6 +154,9 @@ class NodeSpec:
     #: keys and every node's layers): each is an empty directory on the node.  The node's
     #: own ``root`` stays visible at its path.
     hide: list[Path] = field(default_factory=list)
+    #: Host directory -> node path, read-write: what the node shares with others on purpose
+    #: (a cluster's shared directory, a pod's volume).  Only with ``layers``.
+    shared_mounts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -587,19 +594,13 @@ def _node_env(spec: NodeSpec, log_path: Path, *, prefixlen: int, subnet: str, mt
         env["PSKY_SUBMOUNTS"] = "\n".join(f"{i} {mode} {path}" for i, (mode, path) in enumerate(submounts, 1))
         env["PSKY_HIDE"] = " ".join(str(h) for h in spec.hide)
         env["PSKY_NODE_HOME"] = NODE_HOME
+        env["PSKY_SHARED_MOUNTS"] = " ".join(f"{src}={dst}" for src, dst in spec.shared_mounts.items())
     env.update(spec.env)
     return env
 
 
-#: Root's home on every node with a root of its own (``NodeSpec.layers``): the node's
-#: ``root/home`` directory, mounted there.  The same path on every node, as on a cluster
-#: (SkyPilot's own pods use it); not ``/root``, which on many hosts holds the very Python
-#: (pyenv, a venv) the nodes run, and which a mount there would hide.
-NODE_HOME = "/home/sky"
-
-#: Mounts a node makes afresh for itself (its own /proc, /sys, /dev/shm and /run), whatever
-#: the host has there.
-_NODE_OWN_MOUNTS = ("/proc", "/sys", "/dev", "/run")
+#: Root's home on a node with a root of its own (``NodeSpec.layers``): its ``root/home``.
+NODE_HOME = naming.NODE_HOME
 
 
 def host_submounts(hidden: Sequence[Path] = ()) -> list[tuple[str, str]]:
@@ -617,7 +618,7 @@ def host_submounts(hidden: Sequence[Path] = ()) -> list[tuple[str, str]]:
         if len(fields) < 4:
             continue
         path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-        inside = [own for own in _NODE_OWN_MOUNTS if path == own or path.startswith(own + "/")]
+        inside = [own for own in naming.NODE_OWN_MOUNTS if path == own or path.startswith(own + "/")]
         if path == "/" or inside or any(c.isspace() for c in path):
             continue
         if any(Path(path) == h or Path(path).is_relative_to(h) for h in hidden):
