@@ -24,6 +24,7 @@ from pytest_sky.errors import CommandFailedError, SkyError
 from pytest_sky.protocol import LIVE, JobStatus
 
 EXIT_USAGE = 2
+BACKEND_NAMES = ("local", "kubernetes")
 EXIT_INTERRUPTED = 130
 
 
@@ -90,6 +91,69 @@ def _follow(cluster, job) -> int:
     return 0 if status == JobStatus.SUCCEEDED else 1
 
 
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` as given, or ``KEY`` alone: its value in this shell (as SkyPilot's CLI)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            if key not in os.environ:
+                raise UsageError(f"{option} {key}: {key} is not set in this shell; give {key}=VALUE")
+            value = os.environ[key]
+        out[key] = value
+    return out
+
+
+def _env_file(path: str | None) -> dict[str, str]:
+    """A dotenv file: ``KEY=VALUE`` lines, ``#`` comments, an optional ``export``, quotes dropped."""
+    if path is None:
+        return {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"--env-file {path}: cannot read it ({reason})") from None
+    out = {}
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        key, sep, value = text.removeprefix("export ").partition("=")
+        if not sep:
+            raise UsageError(f"--env-file {path}, line {number}: expected KEY=VALUE, got {text[:60]!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def _with_env_options(task, args: argparse.Namespace):
+    """The task with ``--env-file``, ``--env`` (over the file) and ``--secret`` applied."""
+    envs = {**_env_file(args.env_file), **_pairs(args.env, "--env")}
+    secrets = _pairs(args.secret, "--secret")
+    return task.with_overrides(envs=envs, secrets=secrets) if envs or secrets else task
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """Where a launched cluster runs, and whether its nodes share a directory."""
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        help="where nodes run (default: PYTEST_SKY_BACKEND, else the task's infra, else local)",
+    )
+    p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
+    p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
+
+
+def _add_env_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
+    p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
+    p.add_argument(
+        "--secret", action="append", default=[], metavar="KEY[=VALUE]", help="a secret of the task (never printed)"
+    )
+
+
 def _run_task(cluster, task, detach: bool) -> int:
     console.progress(f"submitting {'setup and run' if task.setup else 'run'} to {cluster.name}")
     job = cluster.submit(task)
@@ -152,7 +216,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"{cluster.name} is up: {cluster.num_nodes} node(s), head {cluster.node_ips[0]}")
         console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
         return 0
-    return _run_task(cluster, task, args.detach)
+    return _run_task(cluster, _with_env_options(task, args), args.detach)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -160,7 +224,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     task = _task_from_args(args.task, num_nodes=cluster.num_nodes)
     if task is None:
         raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
-    return _run_task(cluster, task, args.detach)
+    return _run_task(cluster, _with_env_options(task, args), args.detach)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -419,14 +483,9 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
     p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
-    p.add_argument(
-        "--backend",
-        choices=("local", "kubernetes"),
-        help="where nodes run (default: PYTEST_SKY_BACKEND, else the task's infra, else local)",
-    )
-    p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
-    p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
+    _add_cluster_options(p)
     p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
+    _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
     p.set_defaults(func=cmd_launch)
 
@@ -437,6 +496,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     )
     p.add_argument("cluster", metavar="NAME")
     p.add_argument("-d", "--detach", action="store_true", help="submit and return")
+    _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
     p.set_defaults(func=cmd_exec)
 

@@ -121,9 +121,7 @@ class Cluster:
         A rank exiting non-zero is reported through the result (``returncode``, ``error``),
         not raised; problems reaching the cluster raise :class:`RunError`.
         """
-        task = as_task(cmd_or_task, self.num_nodes)
-        self._check_fits(task)
-        self._sync(task)
+        task = self._prepared(cmd_or_task)
         result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)  # type: ignore[arg-type]
         self.last_result = result
         self.results.append(result)
@@ -131,9 +129,7 @@ class Cluster:
 
     def submit(self, cmd_or_task: str | Task, env: dict[str, str] | None = None) -> Job:
         """Start a detached job on the head and return at once; it outlives this client."""
-        task = as_task(cmd_or_task, self.num_nodes)
-        self._check_fits(task)
-        self._sync(task)
+        task = self._prepared(cmd_or_task)
         agent = self._agent
         event = agent.submit(self._spec(task, env))
         return Job(agent, event.id, event.task_id)
@@ -167,6 +163,15 @@ class Cluster:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _prepared(self, cmd_or_task: str | Task) -> Task:
+        """The task, checked against this cluster, its notes said and its files on the nodes."""
+        task = as_task(cmd_or_task, self.num_nodes)
+        self._check_fits(task)
+        for note in task.notes:
+            console.note(note)
+        self._sync(task)
+        return task
+
     def _check_fits(self, task: Task) -> None:
         if task.num_nodes > self.num_nodes:
             raise TaskError(
@@ -191,6 +196,7 @@ class Cluster:
         envs = dict(info.env)  # the backend's, for every rank; the task's and env= win
         envs.setdefault("PYTHONUNBUFFERED", "1")
         envs.update(task.envs)
+        envs.update(task.secrets)
         envs.update(validate_envs(env))
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
         nodes = [NodeRef(n.rank, n.name, n.ip, ssh_target=n.ip, env=dict(n.env)) for n in info.nodes[: task.num_nodes]]

@@ -79,6 +79,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="container image of every pod [PYTEST_SKY_KUBE_IMAGE]",
     )
     group.addoption(
+        "--kube-shared-pvc",
+        dest="sky_kube_shared_pvc",
+        default=None,
+        metavar="CLAIM",
+        help="ReadWriteMany PersistentVolumeClaim that holds a test's shared_dir [PYTEST_SKY_KUBE_SHARED_PVC]",
+    )
+    group.addoption(
         "--keep-clusters",
         dest="sky_keep_clusters",
         action="store_true",
@@ -106,6 +113,7 @@ def settings_from(config: pytest.Config) -> Settings:
             kube_context=config.getoption("sky_kube_context"),
             kube_namespace=config.getoption("sky_kube_namespace"),
             kube_image=config.getoption("sky_kube_image"),
+            kube_shared_pvc=config.getoption("sky_kube_shared_pvc"),
             keep_clusters=config.getoption("sky_keep_clusters"),
             mtu=config.getoption("sky_mtu"),
         )
@@ -256,6 +264,13 @@ def unique_cluster_name(item: pytest.Item, index: int) -> str:
     if not name[0].isalpha():
         name = "s" + name
     return name[:40].rstrip("-")
+
+
+@pytest.fixture(scope="session")
+def sky_settings(request: pytest.FixtureRequest) -> Settings:
+    """The session's resolved settings (what the report header shows), e.g. to skip a test
+    that needs ``--kube-shared-pvc`` on Kubernetes."""
+    return request.config.stash[_state_key].settings
 
 
 @pytest.fixture(scope="session")

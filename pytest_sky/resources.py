@@ -15,7 +15,7 @@ import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_sky.errors import ResourcesError
 
@@ -32,7 +32,12 @@ OTHER_CLOUDS = (
     "aws", "gcp", "azure", "lambda", "ibm", "oci", "scp", "runpod", "vsphere", "cudo", "fluidstack",
     "paperspace", "do", "nebius", "vast", "hyperbolic", "seeweb", "primeintellect", "ssh",
 )  # fmt: skip
-RESOURCE_KEYS = ("accelerators", "cloud", "cpus", "image_id", "infra", "memory")
+#: SkyPilot's other resources keys: accepted and checked, with a note that they have no
+#: effect here (a test cluster has no ports to open, no spot market, no disk to size).
+INERT_RESOURCE_KEYS = ("disk_size", "instance_type", "job_recovery", "labels", "ports", "use_spot")
+#: Lists of alternatives (SkyPilot's any_of / ordered): the first one is used here.
+CHOICE_KEYS = ("any_of", "ordered")
+RESOURCE_KEYS = ("accelerators", "cloud", "cpus", "image_id", "infra", "memory", *INERT_RESOURCE_KEYS, *CHOICE_KEYS)
 # Keys that people reach for by habit; difflib alone would not map them to the right one.
 _RESOURCE_KEY_HINTS = {
     "gpus": "accelerators",
@@ -266,6 +271,50 @@ def _check_context(infra: str, context: object, key: str, original: object) -> N
         )
 
 
+def _check_inert(name: str, value: object, key: str) -> str:
+    """Check one of SkyPilot's keys that have no effect here, as SkyPilot would; its name."""
+    ok = {
+        "use_spot": isinstance(value, bool),
+        "disk_size": isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        "instance_type": isinstance(value, str) and bool(value.strip()),
+        "labels": isinstance(value, Mapping) and all(isinstance(k, str) for k in value),
+        "ports": isinstance(value, (int, str, list)) and not isinstance(value, bool),
+        "job_recovery": isinstance(value, (str, Mapping)),
+    }[name]
+    if not ok:
+        examples = {
+            "use_spot": "true",
+            "disk_size": "256",
+            "instance_type": "p3.2xlarge",
+            "labels": "{team: ml}",
+            "ports": "8080 or [8080, '9000-9010']",
+            "job_recovery": "FAILOVER",
+        }
+        raise ResourcesError(f"{key} has the wrong form, got {format_value(value)} (e.g. {name}: {examples[name]})")
+    return name
+
+
+def _first_choice(d: Mapping[str, object], where: str) -> Resources | None:
+    """The first alternative of ``any_of``/``ordered`` (the one a backend here can satisfy)."""
+    given = [k for k in CHOICE_KEYS if k in d]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ResourcesError(f"{where} gives both any_of and ordered; give one list of alternatives")
+    key = given[0]
+    options = d[key]
+    if not isinstance(options, list) or not options or not all(isinstance(o, Mapping) for o in options):
+        raise ResourcesError(
+            f"{where}.{key} must be a list of resources mappings, got {format_value(options)} "
+            f"(e.g. {key}: [{{accelerators: A100:1}}, {{accelerators: V100:1}}])"
+        )
+    for i, option in enumerate(options):
+        if any(k in option for k in CHOICE_KEYS):
+            raise ResourcesError(f"{where}.{key}[{i}] cannot hold another any_of or ordered")
+    alternatives = [Resources.from_dict(o, f"{where}.{key}[{i}]") for i, o in enumerate(options)]
+    return alternatives[0]
+
+
 def _check_image_id(value: object, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ResourcesError(
@@ -289,6 +338,9 @@ class Resources:
     infra: str | None = None
     image_id: str | None = None
     infra_context: str | None = None
+    #: What the request said that has no effect here (``use_spot``, ``any_of``, ...), for the
+    #: one-line note a launch prints; not part of the request itself.
+    inert: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as YAML, and the same normal form, so
@@ -340,6 +392,12 @@ class Resources:
         for key in d:
             if key not in RESOURCE_KEYS:
                 raise ResourcesError(unknown_key_message(key, where, RESOURCE_KEYS, _RESOURCE_KEY_HINTS))
+        inert = tuple(_check_inert(key, d[key], f"{where}.{key}") for key in INERT_RESOURCE_KEYS if key in d)
+        choice = _first_choice(d, where)
+        if choice is not None:
+            plain = {k: v for k, v in d.items() if k not in (*CHOICE_KEYS, *INERT_RESOURCE_KEYS)}
+            first = cls.from_dict(plain, where).merge(choice)
+            return dataclasses.replace(first, inert=(*inert, *choice.inert, *(k for k in CHOICE_KEYS if k in d)))
         cpus = d.get("cpus")
         memory = d.get("memory")
         image_id = d.get("image_id")
@@ -362,6 +420,7 @@ class Resources:
             infra=infra,
             image_id=None if image_id is None else _check_image_id(image_id, f"{where}.image_id"),
             infra_context=context,
+            inert=inert,
         )
 
     @classmethod
@@ -420,8 +479,9 @@ class Resources:
         changes: dict[str, object] = {
             field.name: getattr(other, field.name)
             for field in dataclasses.fields(other)
-            if field.name != "infra_context" and getattr(other, field.name) is not None
+            if field.name not in ("infra_context", "inert") and getattr(other, field.name) is not None
         }
+        changes["inert"] = tuple(dict.fromkeys((*self.inert, *other.inert)))
         if other.infra is not None:
             changes["infra_context"] = other.infra_context
         return dataclasses.replace(self, **changes)

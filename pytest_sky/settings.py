@@ -38,6 +38,7 @@ class Settings:
     keep_clusters: bool = False
     mtu: int | None = None
     kube_timeout: float | None = None  # seconds a launch waits for pods (PYTEST_SKY_KUBE_TIMEOUT)
+    kube_shared_pvc: str | None = None  # the ReadWriteMany claim that holds shared_dir on Kubernetes
     #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND`` or ``default``.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -52,6 +53,8 @@ class Settings:
         }
         if self.kube_timeout is not None:
             options["ready_timeout"] = self.kube_timeout
+        if self.kube_shared_pvc:
+            options["shared_pvc"] = self.kube_shared_pvc
         return options
 
     def given(self, name: str) -> bool:
@@ -134,6 +137,7 @@ def resolve(
     kube_image: str | None = None,
     keep_clusters: bool | None = None,
     mtu: int | None = None,
+    kube_shared_pvc: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """The effective settings, from the command line's values (None: not given) and the environment.
@@ -181,5 +185,6 @@ def resolve(
         keep_clusters=_truthy(pick("keep_clusters", keep_clusters, "--keep-clusters")),
         mtu=mtu_value,
         kube_timeout=timeout,
+        kube_shared_pvc=pick("kube_shared_pvc", kube_shared_pvc, "--kube-shared-pvc"),
         sources=sources,
     )

@@ -47,12 +47,14 @@ MAX_TASK_FILE_BYTES = 1024 * 1024
 MAX_NUM_NODES = 256
 MAX_NAME_LENGTH = 63
 TASK_KEYS = (
+    "config",
     "envs",
     "file_mounts",
     "name",
     "num_nodes",
     "resources",
     "run",
+    "secrets",
     "setup",
     "workdir",
 )
@@ -189,9 +191,11 @@ def _check_commands(value: object, key: str) -> str | None:
     )
 
 
-def _env_value(name: str, value: object) -> str:
-    """Convert a scalar the way SkyPilot does: ``1`` -> "1", ``true`` -> "true"."""
-    key = f"envs.{name}"
+def _env_value(name: str, value: object, *, secret: bool = False) -> str:
+    """Convert a scalar the way SkyPilot does: ``1`` -> "1", ``true`` -> "true".  A secret's
+    value never appears in a message."""
+    key = f"{'secrets' if secret else 'envs'}.{name}"
+    shown = "<hidden>" if secret else format_value(value)
     if value is None:
         raise TaskError(f"{key} has no value; give one in the YAML ({name}: value) or pass env={{{name!r}: ...}}")
     if isinstance(value, bool):
@@ -203,37 +207,33 @@ def _env_value(name: str, value: object) -> str:
             pass
     elif isinstance(value, str):
         if "\x00" in value:
-            raise TaskError(
-                f"{key} contains a NUL character, which environment variables cannot hold, got {format_value(value)}"
-            )
+            raise TaskError(f"{key} contains a NUL character, which environment variables cannot hold, got {shown}")
         return value
-    raise TaskError(
-        f"{key} must be a string, number or boolean, got {format_value(value)} (quote the value to pass it literally)"
-    )
+    raise TaskError(f"{key} must be a string, number or boolean, got {shown} (quote the value to pass it literally)")
 
 
-def _check_envs(value: object) -> dict[str, str]:
+def _check_envs(value: object, key: str = "envs") -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise TaskError(
-            f"envs must be a mapping of NAME: value (e.g. envs: {{MY_VAR: '1'}}), got {format_value(value)}"
-        )
+        shown = "<hidden>" if key == "secrets" else format_value(value)
+        raise TaskError(f"{key} must be a mapping of NAME: value (e.g. {key}: {{MY_VAR: '1'}}), got {shown}")
     result: dict[str, str] = {}
     for name, item in value.items():
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             hint = '; quote names such as "NO" or "ON" that YAML reads as booleans' if isinstance(name, bool) else ""
             raise TaskError(
-                f"envs name {format_value(name)} is not a valid variable name: use "
+                f"{key} name {format_value(name)} is not a valid variable name: use "
                 f"letters, digits and '_', not starting with a digit (e.g. MY_VAR){hint}"
             )
         if name.startswith(_RESERVED_ENV_PREFIX):
+            shown = "<hidden>" if key == "secrets" else format_value(item)
             raise TaskError(
-                f"envs.{name} is reserved: names starting with {_RESERVED_ENV_PREFIX} "
-                f"are set by pytest-sky on every node, got {format_value(item)} "
+                f"{key}.{name} is reserved: names starting with {_RESERVED_ENV_PREFIX} "
+                f"are set by pytest-sky on every node, got {shown} "
                 "(pick another name)"
             )
-        result[name] = _env_value(name, item)
+        result[name] = _env_value(name, item, secret=key == "secrets")
     return result
 
 
@@ -381,6 +381,8 @@ class Task:
         name: str | None = None,
         workdir: StrPath | None = None,
         file_mounts: Mapping[str, StrPath] | None = None,
+        secrets: Mapping[str, object] | None = None,
+        config: Mapping[str, object] | None = None,
         *,
         source: str | None = None,
         base_dir: StrPath | None = None,
@@ -393,6 +395,11 @@ class Task:
             self.num_nodes = _check_num_nodes(num_nodes)
             self.resources = _check_resources(resources)
             self.envs = _check_envs(envs)
+            #: Exported like envs on every node; their values never appear in our output.
+            self.secrets = _check_envs(secrets, "secrets")
+            if config is not None and not isinstance(config, Mapping):
+                raise TaskError(f"config must be a mapping of SkyPilot settings, got {format_value(config)}")
+            self.config = dict(config or {})
             self.setup = _check_commands(setup, "setup")
             self.run = _check_commands(run, "run")
             self.workdir = _check_workdir(workdir, base_dir)
@@ -448,6 +455,12 @@ class Task:
     def display_name(self) -> str:
         return self.name or "task"
 
+    @property
+    def notes(self) -> list[str]:
+        """What the task asks for that has no effect here: one line each, printed at a run."""
+        inert = [*(["config"] if self.config else []), *(f"resources.{k}" for k in self.resources.inert)]
+        return [f"task {self.display_name!r}: {key} has no effect on a pytest-sky cluster" for key in inert]
+
     def to_dict(self) -> dict[str, object]:
         """The task as a YAML-shaped dict that :meth:`from_yaml_str` reads back equal."""
         result: dict[str, object] = {}
@@ -463,6 +476,10 @@ class Task:
             result["file_mounts"] = dict(self.file_mounts)
         if self.envs:
             result["envs"] = dict(self.envs)
+        if self.secrets:
+            result["secrets"] = dict(self.secrets)
+        if self.config:
+            result["config"] = dict(self.config)
         if self.setup is not None:
             result["setup"] = self.setup
         if self.run is not None:
@@ -474,13 +491,15 @@ class Task:
         num_nodes: int | None = None,
         envs: Mapping[str, object] | None = None,
         resources: Resources | None = None,
+        secrets: Mapping[str, object] | None = None,
     ) -> Task:
         """A copy with some settings replaced, e.g. by a pytest marker or the command line.
 
-        ``envs`` are added to the task's own (same names replaced), and ``resources`` are
-        merged field by field, so an override only changes what it names.
+        ``envs`` and ``secrets`` are added to the task's own (same names replaced), and
+        ``resources`` are merged field by field, so an override only changes what it names.
         """
         merged_envs = {**self.envs, **_check_envs(envs)}
+        merged_secrets = {**self.secrets, **_check_envs(secrets, "secrets")}
         merged_resources = self.resources
         if resources is not None:
             merged_resources = self.resources.merge(_check_resources(resources))
@@ -493,6 +512,8 @@ class Task:
             name=self.name,
             workdir=self.workdir,
             file_mounts=self.file_mounts,
+            secrets=merged_secrets,
+            config=self.config,
         )
         # The overrides did not come from the file, so errors above are not prefixed with
         # it; the result still describes the same task.
@@ -509,6 +530,8 @@ class Task:
             self.run,
             self.workdir,
             self.file_mounts,
+            self.secrets,
+            self.config,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -524,7 +547,8 @@ class Task:
             f"Task(name={self.name!r}, num_nodes={self.num_nodes}, "
             f"resources={self.resources!r}, envs={self.envs!r}, setup={self.setup!r}, "
             f"run={self.run!r}, workdir={self.workdir!r}, "
-            f"file_mounts={self.file_mounts!r}, source={self.source!r})"
+            f"file_mounts={self.file_mounts!r}, secrets={sorted(self.secrets)!r} (values hidden), "
+            f"source={self.source!r})"
         )
 
 

@@ -132,9 +132,9 @@ def _checkpoint_task() -> Task:
 
 
 @pytest.mark.multinode
-def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch, sky_backend):
-    if sky_backend == "kubernetes":
-        pytest.skip("shared_dir on Kubernetes needs a ReadWriteMany PersistentVolumeClaim, not mounted yet")
+def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch, sky_settings):
+    if sky_settings.backend == "kubernetes" and not sky_settings.kube_shared_pvc:
+        pytest.skip("shared_dir on Kubernetes needs a ReadWriteMany claim: pass --kube-shared-pvc NAME")
     cluster = sky_launch(_checkpoint_task(), shared_dir="/mnt/shared")
     res = cluster.last_result
     assert res.returncode == 0, res.output

@@ -275,3 +275,38 @@ def test_a_tasks_infra_yields_to_the_command_line_with_a_note(home: Path, tmp_pa
         assert "1x Local" in sky(home, "status", check_rc=0).stdout
     finally:
         sky(home, "down", name)
+
+
+def test_env_env_file_and_secret_options_reach_the_task(home: Path, tmp_path: Path):
+    name = f"clienv{os.getpid() % 10000}"
+    env_file = tmp_path / "vars.env"
+    env_file.write_text("# a dotenv file\nexport FROM_FILE='file'\nBOTH=file\n")
+    os.environ["PSKY_FROM_SHELL"] = "shell"
+    try:
+        res = sky(
+            home,
+            "launch",
+            "-c",
+            name,
+            "--env-file",
+            str(env_file),
+            "--env",
+            "BOTH=option",
+            "--env",
+            "PSKY_FROM_SHELL",
+            "--secret",
+            "TOKEN=t0ps3cret",
+            "--",
+            'echo "$FROM_FILE $BOTH $PSKY_FROM_SHELL ${#TOKEN}"',
+            check_rc=0,
+        )
+        assert res.stdout.endswith(") file option shell 9\n"), res.stdout
+        assert "t0ps3cret" not in res.stdout + res.stderr
+        missing = sky(home, "exec", name, "--env", "PSKY_NOT_SET_ANYWHERE", "--", "true", check_rc=2)
+        assert missing.stderr.strip() == (
+            "pytest-sky: error: --env PSKY_NOT_SET_ANYWHERE: PSKY_NOT_SET_ANYWHERE is not set in this shell; "
+            "give PSKY_NOT_SET_ANYWHERE=VALUE"
+        )
+    finally:
+        os.environ.pop("PSKY_FROM_SHELL", None)
+        sky(home, "down", name)

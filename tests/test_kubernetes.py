@@ -305,8 +305,58 @@ def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch:
     assert ours(emu3, "k8s-infra") == []
 
 
-def test_a_shared_directory_is_refused_before_anything_is_created(home: Path, emu3: Emulator):
-    with pytest.raises(BackendUnavailableError, match=r"^shared_dir=/mnt/shared on Kubernetes needs a ReadWriteMany"):
-        launch(emu3, "k8s-shared", shared_dir="/mnt/shared")
-    assert ours(emu3, "k8s-shared") == []
-    assert not (home / "clusters" / "k8s-shared").exists()
+def make_claim(emu: Emulator, name: str, mode: str) -> None:
+    from kubernetes import client
+
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+    spec = client.V1PersistentVolumeClaimSpec(access_modes=[mode], resources={"requests": {"storage": "1Gi"}})
+    api.create_namespaced_persistent_volume_claim(
+        "default", client.V1PersistentVolumeClaim(metadata=client.V1ObjectMeta(name=name), spec=spec)
+    )
+
+
+def test_a_shared_directory_needs_a_readwritemany_claim(home: Path, emu3: Emulator):
+    """Without a claim, with a missing one or a ReadWriteOnce one: one line, nothing created."""
+    make_claim(emu3, "rwo-claim", "ReadWriteOnce")
+    cases = [
+        (
+            None,
+            r"^shared_dir=/mnt/shared on Kubernetes needs a ReadWriteMany PersistentVolumeClaim: pass --kube",
+        ),
+        ("no-such-claim", r"^shared_dir=/mnt/shared: no PersistentVolumeClaim 'no-such-claim' in namespace 'default'"),
+        (
+            "rwo-claim",
+            r"^shared_dir=/mnt/shared: PersistentVolumeClaim 'rwo-claim' is ReadWriteOnce, not ReadWriteMany",
+        ),
+    ]
+    for claim, message in cases:
+        with pytest.raises(BackendUnavailableError, match=message):
+            pytest_sky.launch(
+                num_nodes=2,
+                name="k8s-shared",
+                backend="kubernetes",
+                backend_options={"kubeconfig": str(emu3.kubeconfig_path), "shared_pvc": claim},
+                shared_dir="/mnt/shared",
+            )
+        assert ours(emu3, "k8s-shared") == []
+        assert not (home / "clusters" / "k8s-shared").exists()
+
+
+def test_a_shared_directory_on_a_claim_is_shared_by_every_pod(home: Path, emu3: Emulator):
+    make_claim(emu3, "team-rwx", "ReadWriteMany")
+    c = pytest_sky.launch(
+        num_nodes=2,
+        name="k8s-rwx",
+        backend="kubernetes",
+        backend_options={"kubeconfig": str(emu3.kubeconfig_path), "shared_pvc": "team-rwx"},
+        shared_dir="/mnt/shared",
+    )
+    try:
+        assert c.run('[ "$SKYPILOT_NODE_RANK" != 1 ] || hostname > /mnt/shared/who').ok
+        res = c.run("cat /mnt/shared/who; echo private > /tmp/mine; ls /tmp/mine")
+        assert [r.stdout.splitlines()[0] for r in res.ranks] == ["k8s-rwx-worker1"] * 2, res.output
+    finally:
+        c.down()
+    assert ours(emu3, "k8s-rwx") == []
+    # Its directory in the claim was emptied before its pods went; the claim itself stays.
+    assert list((emu3.server.instance_dir / "claims" / "default" / "team-rwx" / "k8s-rwx").iterdir()) == []

@@ -230,7 +230,8 @@ def test_from_dict_unknown_key_lists_allowed_and_suggests() -> None:
     assert_one_line(
         err,
         "'gpus'",
-        "accelerators, cloud, cpus, image_id, infra, memory",
+        "accelerators, any_of, cloud, cpus, disk_size, image_id, infra, instance_type, job_recovery, labels, "
+        "memory, ordered, ports, use_spot",
         "did you mean 'accelerators'?",
     )
 
@@ -359,3 +360,23 @@ def test_merge_of_infra_replaces_its_context() -> None:
 )
 def test_to_dict_round_trips(resources: Resources) -> None:
     assert Resources.from_dict(resources.to_dict()) == resources
+
+
+def test_skypilots_other_keys_are_checked_and_noted_as_inert() -> None:
+    r = Resources.from_dict({"cpus": 2, "use_spot": True, "disk_size": 256, "ports": [8080], "labels": {"team": "ml"}})
+    assert r.cpus == 2 and r.inert == ("disk_size", "labels", "ports", "use_spot")
+    assert r == Resources(cpus=2)  # no effect on what is asked for
+    with pytest.raises(ResourcesError) as err:
+        Resources.from_dict({"disk_size": "big"})
+    assert_one_line(err, "resources.disk_size has the wrong form", "'big'", "disk_size: 256")
+
+
+def test_any_of_takes_the_first_alternative() -> None:
+    r = Resources.from_dict({"cpus": 4, "any_of": [{"accelerators": "V100:1"}, {"accelerators": "A100:1"}]})
+    assert (r.cpus, str(r.accelerators), r.inert) == (4, "V100:1", ("any_of",))
+    with pytest.raises(ResourcesError) as err:
+        Resources.from_dict({"ordered": [{"cpus": 0}]})
+    assert_one_line(err, "resources.ordered[0].cpus")
+    with pytest.raises(ResourcesError) as err:
+        Resources.from_dict({"any_of": "V100"})
+    assert_one_line(err, "resources.any_of must be a list of resources mappings")

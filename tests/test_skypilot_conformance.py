@@ -92,3 +92,18 @@ def test_bashrc_comes_first_and_the_jobs_variables_over_it(gpu_cluster):
     gpu_cluster.run("echo 'export SKYPILOT_NODE_RANK=99; export PSKY_BASHRC=seen' >> ~/.bashrc")
     res = gpu_cluster.run('echo "$SKYPILOT_NODE_RANK $PSKY_BASHRC"')
     assert [r.stdout.strip() for r in res.ranks] == ["0 seen", "1 seen"]
+
+
+def test_secrets_reach_every_rank_and_inert_keys_are_noted(gpu_cluster, capfd: pytest.CaptureFixture[str]):
+    task = Task.from_yaml_str(
+        "num_nodes: 2\nsecrets: {API_KEY: s3cr3t-value}\nresources: {use_spot: true, ports: 8080}\n"
+        'run: echo "${#API_KEY} ${API_KEY:0:3}"\n'
+    )
+    res = gpu_cluster.run(task)
+    assert [r.stdout for r in res.ranks] == ["12 s3c\n"] * 2, res.output
+    err = capfd.readouterr().err
+    assert "s3cr3t-value" not in err + res.output
+    assert [line for line in err.splitlines() if "note:" in line] == [
+        "pytest-sky: note: task 'task': resources.ports has no effect on a pytest-sky cluster",
+        "pytest-sky: note: task 'task': resources.use_spot has no effect on a pytest-sky cluster",
+    ]

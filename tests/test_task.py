@@ -264,7 +264,8 @@ def test_unknown_key_lists_allowed_keys() -> None:
         Task.from_yaml_str("nodes: 2")
     assert_one_line(
         err,
-        "unknown key 'nodes' in task; allowed keys: envs, file_mounts, name, num_nodes, resources, run, setup, workdir",
+        "unknown key 'nodes' in task; allowed keys: config, envs, file_mounts, name, num_nodes, resources, run, "
+        "secrets, setup, workdir",
     )
 
 
@@ -485,3 +486,16 @@ def test_with_overrides_validates(kwargs: dict[str, object], key: str) -> None:
     with pytest.raises(TaskError) as err:
         Task(run="x").with_overrides(**kwargs)  # type: ignore[arg-type]
     assert_one_line(err, key)
+
+
+def test_secrets_are_envs_whose_values_are_never_shown() -> None:
+    task = Task.from_yaml_str("secrets: {HF_TOKEN: hf_s3cr3t}\nrun: echo hi\nconfig: {kubernetes: {}}\n")
+    assert task.secrets == {"HF_TOKEN": "hf_s3cr3t"} and task.envs == {}
+    assert "hf_s3cr3t" not in repr(task) and "HF_TOKEN" in repr(task)
+    assert task.notes == ["task 'task': config has no effect on a pytest-sky cluster"]
+    with pytest.raises(TaskError) as err:
+        Task.from_yaml_str("secrets: {TOKEN: [hf_s3cr3t]}\nrun: echo hi\n")
+    assert_one_line(err, "secrets.TOKEN must be a string, number or boolean, got <hidden>")
+    assert "hf_s3cr3t" not in str(err.value)
+    merged = task.with_overrides(secrets={"OTHER": "x"})
+    assert merged.secrets == {"HF_TOKEN": "hf_s3cr3t", "OTHER": "x"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import math
+from dataclasses import dataclass
 
 from pytest_sky import naming
 from pytest_sky.resources import Resources
@@ -140,7 +141,18 @@ def container_resources(resources: Resources) -> dict:
     return out
 
 
-def pod(cluster: str, rank: int, namespace: str, image: str, resources: Resources) -> dict:
+@dataclass(frozen=True)
+class SharedVolume:
+    """The cluster's shared directory on Kubernetes: a directory of its own (``subPath``, the
+    cluster's name) in a ReadWriteMany claim, mounted at ``path`` in every pod."""
+
+    claim: str
+    path: str
+
+
+def pod(
+    cluster: str, rank: int, namespace: str, image: str, resources: Resources, shared: SharedVolume | None = None
+) -> dict:
     spec: dict = {
         "hostname": pod_name(cluster, rank),
         "subdomain": cluster,
@@ -177,6 +189,9 @@ def pod(cluster: str, rank: int, namespace: str, image: str, resources: Resource
     }
     if resources.accelerators is not None:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if shared is not None:
+        spec["volumes"].append({"name": "shared", "persistentVolumeClaim": {"claimName": shared.claim}})
+        spec["containers"][0]["volumeMounts"].append({"name": "shared", "mountPath": shared.path, "subPath": cluster})
     return {
         "apiVersion": "v1",
         "kind": "Pod",

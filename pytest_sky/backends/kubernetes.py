@@ -59,6 +59,7 @@ class KubernetesBackend(Backend):
         image: str | None = None,
         kubeconfig: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        shared_pvc: str | None = None,
     ) -> None:
         self.context = context or None
         self.requested_namespace = namespace or None
@@ -66,6 +67,7 @@ class KubernetesBackend(Backend):
         # KUBECONFIG is Kubernetes' own convention, read as kubectl reads it.
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
         self.ready_timeout = ready_timeout
+        self.shared_pvc = shared_pvc or None
         self._api: kclient.CoreV1Api | None = None
         self._cfg: object = None
         self.namespace = self.requested_namespace or "default"
@@ -127,10 +129,10 @@ class KubernetesBackend(Backend):
     def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        if shared_dir:
+        if shared_dir and not self.shared_pvc:
             raise BackendUnavailableError(
-                f"shared_dir={shared_dir} on Kubernetes needs a ReadWriteMany PersistentVolumeClaim, which "
-                "pytest-sky does not mount yet: run this test on the local backend (or without shared_dir)"
+                f"shared_dir={shared_dir} on Kubernetes needs a ReadWriteMany PersistentVolumeClaim: "
+                "pass --kube-shared-pvc NAME (or set PYTEST_SKY_KUBE_SHARED_PVC)"
             )
 
         api = self.api()
@@ -152,6 +154,29 @@ class KubernetesBackend(Backend):
             raise BackendUnavailableError(
                 f"cannot reach the API server of kube context {self.context!r}: {str(exc).splitlines()[0][:200]}"
             ) from None
+        if shared_dir:
+            self._check_claim(shared_dir)
+
+    def _check_claim(self, shared_dir: str) -> None:
+        """The shared directory's claim exists here and many pods may write to it at once."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            claim = self.api().read_namespaced_persistent_volume_claim(self.shared_pvc, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise BackendUnavailableError(
+                    f"shared_dir={shared_dir}: no PersistentVolumeClaim {self.shared_pvc!r} in namespace "
+                    f"{self.namespace!r}; create it (ReadWriteMany) or pass another --kube-shared-pvc"
+                ) from None
+            raise BackendUnavailableError(f"shared_dir={shared_dir}: {_api_message(exc)}") from None
+        modes = (claim.status.access_modes if claim.status else None) or claim.spec.access_modes or []
+        if "ReadWriteMany" not in modes:
+            shown = ", ".join(modes) or "unbound"
+            raise BackendUnavailableError(
+                f"shared_dir={shared_dir}: PersistentVolumeClaim {self.shared_pvc!r} is {shown}, "
+                "not ReadWriteMany: every node must mount it at once"
+            )
 
     def effective(self, resources: Resources) -> Resources:
         import dataclasses
@@ -186,6 +211,7 @@ class KubernetesBackend(Backend):
             kubeconfig=self.kubeconfig,
             image=self.image,
             pods=[manifests.pod_name(name, r) for r in range(config.num_nodes)],
+            shared_dir=config.shared_dir,
         )
         home = config.home_files
         # Host keys and the cluster key go in the Secret now; files that need pod IPs follow.
@@ -198,11 +224,12 @@ class KubernetesBackend(Backend):
         }
         for rank, key in enumerate(config.keys.hosts):
             files[f"host_key_{rank}"] = key.private_openssh
+        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
         try:
             api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
             api.create_namespaced_service(ns, manifests.service(name, ns))
             for rank in range(config.num_nodes):
-                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, config.resources))
+                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, config.resources, shared))
         except ApiException as exc:
             self._cleanup(name, journal)
             if exc.status == 403:
@@ -261,6 +288,8 @@ class KubernetesBackend(Backend):
         api = self.api()
         sel = manifests.selector(name)
         ns = self.namespace
+        if data.get("shared_dir"):
+            self._empty_shared_dir(manifests.pod_name(name, 0), data["shared_dir"])
         for delete in (api.delete_collection_namespaced_pod, api.delete_collection_namespaced_secret):
             try:
                 delete(ns, label_selector=sel, grace_period_seconds=0)
@@ -279,6 +308,17 @@ class KubernetesBackend(Backend):
                 log.warning("pods of %s are still terminating after 120 s", name)
                 break
             time.sleep(0.1)
+
+    def _empty_shared_dir(self, head: str, path: str) -> None:
+        """The cluster's directory in the shared claim goes with the cluster: emptied from the
+        head while it still runs (the claim and its other clusters' directories stay)."""
+        try:
+            code, out = self.exec(head, ["/bin/sh", "-c", f"find {shlex.quote(path)} -mindepth 1 -delete"], timeout=60)
+        except Exception as exc:  # noqa: BLE001 - a head already gone has nothing to empty from
+            log.warning("could not empty %s's shared directory: %s", head, exc)
+            return
+        if code != 0:
+            log.warning("could not empty %s's shared directory: %s", head, out.strip()[-200:])
 
     def orphans(self) -> list[str]:
         """Cluster names that have pods here (the reaper compares them with its records)."""

@@ -73,6 +73,7 @@ RESOURCES: dict[str, ResourceInfo] = {
     ),
     "secrets": ResourceInfo("secrets", "Secret", True, _RW, (), ("type",)),
     "services": ResourceInfo("services", "Service", True, _RW, ("svc",)),
+    "persistentvolumeclaims": ResourceInfo("persistentvolumeclaims", "PersistentVolumeClaim", True, _RW, ("pvc",)),
     "events": ResourceInfo(
         "events",
         "Event",
@@ -704,6 +705,23 @@ class Cluster:
             self.store.delete("namespaces", "", name)
 
     # -- secrets and services ---------------------------------------------------------------
+
+    def _prepare_persistentvolumeclaims(self, claim: Obj) -> None:
+        """A claim needs access modes and a storage request, and is bound at once (the
+        emulator provisions a directory of its own for it when a pod first mounts it)."""
+        name = claim["metadata"]["name"]
+        spec = claim.get("spec") or {}
+        errors = _dns_errors(name, "metadata.name", "subdomain")
+        modes = spec.get("accessModes") or []
+        if not modes:
+            errors.append(("spec.accessModes", "Required value: at least 1 access mode is required"))
+        allowed = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
+        errors += [("spec.accessModes", f'Unsupported value: "{m}"') for m in modes if m not in allowed]
+        if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
+            errors.append(("spec.resources[storage]", "Required value"))
+        if errors:
+            raise invalid("PersistentVolumeClaim", name, errors)
+        claim["status"] = {"phase": "Bound", "accessModes": list(modes)}
 
     def _prepare_secrets(self, secret: Obj) -> None:
         name = secret["metadata"]["name"]

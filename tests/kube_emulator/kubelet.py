@@ -73,6 +73,14 @@ def image_path() -> str:
     return f"{bindir}:{DEFAULT_PATH}"
 
 
+@dataclass
+class Volumes:
+    """A container's volume mounts, host directory -> path in the pod."""
+
+    ro: dict[str, str] = field(default_factory=dict)  # Secrets
+    rw: dict[str, str] = field(default_factory=dict)  # claims
+
+
 class MountError(Exception):
     """A volume cannot be set up (FailedMount; retried, as the kubelet does)."""
 
@@ -327,7 +335,7 @@ class Kubelet:
             if rt.deleting:
                 return
         # Volumes: retried while they fail, as the kubelet does (a Secret may come later).
-        mounts: dict[str, str] | None = None
+        mounts: Volumes | None = None
         while mounts is None and not rt.deleting:
             pod = self._pod(rt)
             if pod is None:
@@ -409,23 +417,21 @@ class Kubelet:
             await rt.sleep(delay)
             delay = min(delay * 2, 30.0)
 
-    def _prepare_volumes(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        """Write each mounted Secret volume into the pod's directory; host dir -> mount path."""
+    def _prepare_volumes(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> Volumes:
+        """Write each mounted Secret volume into the pod's directory; find each claim's
+        directory (shared by every pod that mounts the claim); host dir -> mount path."""
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
-        mounts: dict[str, str] = {}
+        mounts = Volumes()
         for vm in container.get("volumeMounts") or []:
             vol = volumes.get(vm["name"], {})
             path = vm["mountPath"]
+            if "persistentVolumeClaim" in vol:
+                mounts.rw[str(self._claim_dir(rt, vol, vm.get("subPath") or ""))] = path
+                continue
             if vm.get("subPath"):
-                raise CreateError(f"the kube emulator does not support subPath mounts ({vm['name']} at {path})")
-            creatable = path.startswith("/run/") and path.rstrip("/") != "/run"
-            if "secret" in vol:
-                if not creatable and not os.path.isdir(path):
-                    raise CreateError(
-                        f"mount path {path} does not exist: the kube emulator's pods share this machine's "
-                        "filesystem and can create mount points only under /run/"
-                    )
-                mounts[str(self._write_secret_volume(rt, vol))] = path
+                raise CreateError(f"the kube emulator supports subPath only on claims ({vm['name']} at {path})")
+            if "secret" in vol:  # a pod's root is its own: the mount point is made in it
+                mounts.ro[str(self._write_secret_volume(rt, vol))] = path
             elif "emptyDir" in vol:
                 if not os.path.isdir(path):
                     raise CreateError(
@@ -434,8 +440,23 @@ class Kubelet:
                     )
             else:
                 kinds = sorted(set(vol) - {"name"}) or ["(missing)"]
-                raise CreateError(f"volume {vm['name']}: the kube emulator supports secret and emptyDir, not {kinds}")
+                raise CreateError(
+                    f"volume {vm['name']}: the kube emulator supports secret, emptyDir and persistentVolumeClaim, "
+                    f"not {kinds}"
+                )
         return mounts
+
+    def _claim_dir(self, rt: PodRuntime, vol: dict[str, Any], sub_path: str) -> Path:
+        """A bound claim's storage: one directory of the emulator's per claim (a ReadWriteMany
+        volume every pod that mounts it shares), ``subPath`` made inside it as a kubelet does."""
+        name = vol["persistentVolumeClaim"].get("claimName", "")
+        if self.cluster.store.get("persistentvolumeclaims", rt.namespace, name) is None:
+            raise MountError(f'persistentvolumeclaim "{name}" not found')
+        if sub_path.startswith("/") or ".." in sub_path.split("/"):
+            raise CreateError(f"subPath {sub_path!r} must be a relative path without '..'")
+        target = self.instance_dir / "claims" / rt.namespace / name / sub_path
+        target.mkdir(parents=True, exist_ok=True)
+        return target
 
     def _write_secret_volume(self, rt: PodRuntime, vol: dict[str, Any]) -> Path:
         source = vol["secret"]
@@ -506,7 +527,7 @@ class Kubelet:
         return env
 
     def _node_spec(
-        self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any], mounts: dict[str, str]
+        self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any], mounts: Volumes
     ) -> netns.NodeSpec:
         (rt.root / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
         home = rt.root / "home"
@@ -532,7 +553,8 @@ class Kubelet:
             ip=rt.ip or "",
             root=rt.root,
             veth=f"{netns.LINK_PREFIX}{self.index}p{octet}",
-            extra_mounts=mounts,
+            extra_mounts=mounts.ro,
+            shared_mounts=mounts.rw,
             command=command,
             env=rt.env,
             cgroup_mode="ro",  # a pod's cgroupfs is read-only, as containerd mounts it
@@ -542,9 +564,7 @@ class Kubelet:
             hide=[self.instance_dir],
         )
 
-    async def _run_once(
-        self, rt: PodRuntime, container: dict[str, Any], mounts: dict[str, str], first: bool
-    ) -> int | None:
+    async def _run_once(self, rt: PodRuntime, container: dict[str, Any], mounts: Volumes, first: bool) -> int | None:
         """Start the container's node and wait for its command to exit; its exit code."""
         pod = self._pod(rt)
         if pod is None:
