@@ -84,11 +84,11 @@ def cluster(num_nodes: int, name: str) -> Iterator[Cluster]:
 # ---------------------------------------------------------------------------------- bring-up
 
 
-def _timed_launch_down(n: int, name: str) -> tuple[float, float]:
+def _timed_launch_down(n: int, name: str, **backend_options: object) -> tuple[float, float]:
     import pytest_sky
 
     t0 = time.perf_counter()
-    c = pytest_sky.launch(num_nodes=n, name=name)
+    c = pytest_sky.launch(num_nodes=n, name=name, backend_options=backend_options or None)
     try:
         t1 = time.perf_counter()
     finally:
@@ -115,7 +115,23 @@ def bringup(plan: Plan, namer: Namer, workdir: Path) -> list[Figure]:
                 trial = pool.trial(n)
                 base_up[n].append(trial.up)
                 base_down[n].append(trial.down)
-    figures = []
+        # What each node's own root filesystem costs: the same launches, nodes sharing the host's.
+        widest = max(plan.sizes)
+        shared_up = [
+            _timed_launch_down(widest, namer("nolayers"), private_root=False)[0] for _ in range(plan.bringup_reps)
+        ]
+    figures = [
+        Figure(
+            section="bring-up",
+            name=f"ready, {widest} nodes, each with its own root filesystem",
+            unit="s",
+            value=median(ours_up[widest]),
+            baseline=median(shared_up),
+            baseline_name=f"{widest} nodes sharing the host's files",
+            samples=ours_up[widest],
+            baseline_samples=shared_up,
+        )
+    ]
     for n in plan.sizes:
         targets = [Target(BRINGUP_TARGETS[n], DESIGN)] if n in BRINGUP_TARGETS else []
         figures.append(

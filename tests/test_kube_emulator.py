@@ -596,3 +596,22 @@ def test_scheduler_fit_and_anti_affinity_messages() -> None:
     big = pod("big")
     big["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "5", "memory": "32Gi"}
     assert schedule(big, nodes, []).message == ("0/2 nodes are available: 2 Insufficient cpu, 2 Insufficient memory.")
+
+
+def test_a_pods_files_are_its_own_and_an_emptydir_is_per_pod(emu: Emulator, v1: client.CoreV1Api) -> None:
+    """As on a real cluster: a pod's writes (its root, its emptyDir) are seen by no other pod
+    and not by the machine the emulator runs on."""
+    labels = {"app": "own-files"}
+    for name in ("own-a", "own-b"):
+        manifest = pod_manifest(name, labels)
+        manifest["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+        manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+        v1.create_namespaced_pod("default", manifest)
+    wait_for(v1, "app=own-files", running, 2)
+    try:
+        assert run(v1, "own-a", ["sh", "-c", "echo a > /scratch/f; echo a > /opt/psky-own-a"]) == (0, "")
+        assert run(v1, "own-b", ["sh", "-c", "ls /scratch | wc -l; ls /opt/psky-own-a 2>&1 | wc -l"]) == (0, "0\n1\n")
+        assert run(v1, "own-a", ["cat", "/scratch/f", "/opt/psky-own-a"]) == (0, "a\na\n")
+        assert not os.path.exists("/opt/psky-own-a") and not os.path.exists("/scratch")
+    finally:
+        delete_and_wait(v1, "app=own-files")

@@ -142,3 +142,28 @@ def test_a_bad_shared_directory_is_one_line_before_anything_starts(home: Path, v
         pytest_sky.launch(num_nodes=2, name="fs-bad-shared", shared_dir=value)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert not (home / "clusters" / "fs-bad-shared").exists()
+
+
+def test_file_mounts_land_on_every_node_never_on_the_host(cluster, tmp_path: Path):
+    """An absolute target (the case that used to overwrite the host's directory) exists on
+    every node, not on the host; a host directory of that name is left as it was; the
+    source is not modified."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "data.txt").write_text("payload\n")
+    host_target = tmp_path / "host-target"  # the host has a directory where the mount goes
+    host_target.mkdir()
+    (host_target / "keep.txt").write_text("the host's own\n")
+    before = sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*"))
+    task = Task(
+        run=f"cat {host_target}/sub/data.txt ~/fm/sub/data.txt; ls {host_target}",
+        num_nodes=2,
+        file_mounts={str(host_target): str(src), "~/fm": str(src)},
+    )
+    res = cluster.run(task)
+    assert res.returncode == 0, res.output
+    # Merged into what the node had there (as rsync does), on the node alone.
+    assert [r.stdout for r in res.ranks] == ["payload\npayload\nkeep.txt\nsub\n"] * 2
+    assert sorted(p.name for p in host_target.iterdir()) == ["keep.txt"]
+    assert (host_target / "keep.txt").read_text() == "the host's own\n"
+    assert sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*")) == before

@@ -89,11 +89,16 @@ class LocalBackend(Backend):
         ready_timeout: float = READY_TIMEOUT,
         devices: list[str] | None = None,
         node_cgroups: str = "rw",
+        private_root: bool = True,
     ) -> None:
         self.mtu = int(mtu or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
             raise ProvisionError(f"MTU must be between 1280 and 65535, got {self.mtu} (PYTEST_SKY_MTU)")
         self.ready_timeout = ready_timeout
+        #: Each node a root filesystem of its own (the default, as a machine has).  False only
+        #: for the benchmark's baseline of what the extra mounts cost: nodes then share the
+        #: host's files, which no real cluster does.
+        self.private_root = private_root
         self._devices = devices
         #: How nodes see their cgroup: "rw" as a machine does; "ro" as a Kubernetes pod does
         #: (tests of the agent's fallback for pods use it).
@@ -288,7 +293,7 @@ class LocalBackend(Backend):
             (root / "etc").mkdir(parents=True, mode=0o700)
             home = root / "home"
             home.mkdir(mode=0o700)
-            (root / "etc" / "passwd").write_text(passwd_with_home())
+            (root / "etc" / "passwd").write_text(passwd_with_home() if self.private_root else passwd_with_home(home))
             (root / "etc" / "hosts").write_text(hosts)
             os.chmod(root / "etc" / "passwd", 0o644)
             os.chmod(root / "etc" / "hosts", 0o644)
@@ -306,8 +311,8 @@ class LocalBackend(Backend):
                     veth=veth_name(index, node.rank),
                     cgroup_mode=self.node_cgroups,
                     # A machine of its own: its writes stay on it, and it sees no state of ours.
-                    layers=config.cluster_dir / "layers" / str(node.rank),
-                    hide=[config.cluster_dir.parent.parent],
+                    layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
+                    hide=[config.cluster_dir.parent.parent] if self.private_root else [],
                 )
             )
         return specs

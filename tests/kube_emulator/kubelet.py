@@ -78,7 +78,7 @@ class Volumes:
     """A container's volume mounts, host directory -> path in the pod."""
 
     ro: dict[str, str] = field(default_factory=dict)  # Secrets
-    rw: dict[str, str] = field(default_factory=dict)  # claims
+    rw: dict[str, str] = field(default_factory=dict)  # claims, emptyDirs
 
 
 class MountError(Exception):
@@ -432,12 +432,10 @@ class Kubelet:
                 raise CreateError(f"the kube emulator supports subPath only on claims ({vm['name']} at {path})")
             if "secret" in vol:  # a pod's root is its own: the mount point is made in it
                 mounts.ro[str(self._write_secret_volume(rt, vol))] = path
-            elif "emptyDir" in vol:
-                if not os.path.isdir(path):
-                    raise CreateError(
-                        f"emptyDir {vm['name']}: {path} does not exist; the kube emulator maps emptyDir "
-                        "volumes to existing directories of this machine only"
-                    )
+            elif "emptyDir" in vol:  # the pod's own, empty at first, gone with the pod
+                target = rt.root / "volumes" / vm["name"]
+                target.mkdir(parents=True, exist_ok=True)
+                mounts.rw[str(target)] = path
             else:
                 kinds = sorted(set(vol) - {"name"}) or ["(missing)"]
                 raise CreateError(
