@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import zipfile
 from pathlib import Path
 
@@ -43,9 +44,33 @@ def agent_bundle() -> bytes:
     node's copy can be compared and nothing differs between two launches.  Each module also
     comes compiled for this interpreter (:func:`_bytecode`): a python reads no ``.pyc`` of
     a script, and compiling the agent's source cost ~10 ms of every run.
+
+    Building it (a clean interpreter compiles the bytecode) costs ~50 ms, which every pytest
+    run would pay on its first launch; so the result is kept in the state directory under a
+    hash of the sources and this interpreter, and built only when either changes.
     """
+    import hashlib
+    import sys
+
+    from pytest_sky.state import home
+
     package = Path(__file__).parent
     sources = {f"pytest_sky/{m}.py": (package / f"{m}.py").read_bytes() for m in AGENT_MODULES}
+    key = hashlib.sha256(repr((sys.version, sys.executable, sorted(sources.items()))).encode()).hexdigest()[:16]
+    cached = home() / "cache" / f"agent-{key}.pyz"
+    try:
+        return cached.read_bytes()
+    except OSError:
+        pass
+    bundle = _build_bundle(sources)
+    cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(bundle)
+    os.replace(tmp, cached)  # atomic: concurrent runs (xdist workers) write the same bytes
+    return bundle
+
+
+def _build_bundle(sources: dict[str, bytes]) -> bytes:
     members = {"__main__.py": AGENT_MAIN, "pytest_sky/__init__.py": b"", **sources}
     members.update({name + "c": pyc for name, pyc in _bytecode(sources).items()})
     out = io.BytesIO()

@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pytest_sky.errors import ResourcesError
@@ -271,26 +271,22 @@ def _check_context(infra: str, context: object, key: str, original: object) -> N
         )
 
 
+#: Each inert key's form (as SkyPilot checks it) and an example for the message.
+_INERT_FORMS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "use_spot": (lambda v: isinstance(v, bool), "true"),
+    "disk_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "256"),
+    "instance_type": (lambda v: isinstance(v, str) and bool(v.strip()), "p3.2xlarge"),
+    "labels": (lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v), "{team: ml}"),
+    "ports": (lambda v: isinstance(v, (int, str, list)) and not isinstance(v, bool), "8080 or [8080, '9000-9010']"),
+    "job_recovery": (lambda v: isinstance(v, (str, Mapping)), "FAILOVER"),
+}
+
+
 def _check_inert(name: str, value: object, key: str) -> str:
     """Check one of SkyPilot's keys that have no effect here, as SkyPilot would; its name."""
-    ok = {
-        "use_spot": isinstance(value, bool),
-        "disk_size": isinstance(value, int) and not isinstance(value, bool) and value > 0,
-        "instance_type": isinstance(value, str) and bool(value.strip()),
-        "labels": isinstance(value, Mapping) and all(isinstance(k, str) for k in value),
-        "ports": isinstance(value, (int, str, list)) and not isinstance(value, bool),
-        "job_recovery": isinstance(value, (str, Mapping)),
-    }[name]
-    if not ok:
-        examples = {
-            "use_spot": "true",
-            "disk_size": "256",
-            "instance_type": "p3.2xlarge",
-            "labels": "{team: ml}",
-            "ports": "8080 or [8080, '9000-9010']",
-            "job_recovery": "FAILOVER",
-        }
-        raise ResourcesError(f"{key} has the wrong form, got {format_value(value)} (e.g. {name}: {examples[name]})")
+    valid, example = _INERT_FORMS[name]
+    if not valid(value):
+        raise ResourcesError(f"{key} has the wrong form, got {format_value(value)} (e.g. {name}: {example})")
     return name
 
 

@@ -75,6 +75,11 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._written: dict | None = None  # what this object last wrote: no re-read per step
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.path.parent
 
     def load(self) -> dict:
         try:
@@ -84,11 +89,12 @@ class Journal:
 
     def update(self, **fields: object) -> dict:
         """Merge ``fields`` into the journal and make it durable before returning."""
-        data = {**self.load(), **fields}
+        data = {**(self._written if self._written is not None else self.load()), **fields}
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
+        self._written = data
         return data
 
 

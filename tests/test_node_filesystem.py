@@ -8,6 +8,7 @@ test runs under work on every node.  Each check runs a real cluster of namespace
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -167,3 +168,36 @@ def test_file_mounts_land_on_every_node_never_on_the_host(cluster, tmp_path: Pat
     assert sorted(p.name for p in host_target.iterdir()) == ["keep.txt"]
     assert (host_target / "keep.txt").read_text() == "the host's own\n"
     assert sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*")) == before
+
+
+FALLBACK = """
+import pathlib, pytest_sky
+with pytest_sky.launch(num_nodes=2, name="fs-fallback") as c:
+    res = c.run("echo x > /opt/psky-fb-$SKYPILOT_NODE_RANK; ls /opt | grep -c psky-fb-")
+    assert [r.stdout for r in res.ranks] == ["1\\n", "1\\n"], res.output
+    log = (pathlib.Path(c.ssh_config).parent / "nodes" / "0" / "node.log").read_text()
+    assert "psky-layer0" in log, log  # the overlay on the overlay was refused: memory took over
+print("ok")
+"""
+
+
+def test_a_state_directory_on_an_overlay_keeps_each_nodes_writes_in_memory(tmp_path: Path):
+    """Where the state directory cannot hold an upper layer (it is an overlay itself, as in a
+    container), nodes are just as private: their layers live on a tmpfs instead.  Run in a
+    mount namespace of its own, so the overlay made for the test never touches this host's."""
+    for d in ("lower", "upper", "work", "state"):
+        (tmp_path / d).mkdir()
+    script = (
+        f"mount -t overlay psky-test -o lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,"
+        f"workdir={tmp_path}/work {tmp_path}/state && PYTEST_SKY_HOME={tmp_path}/state/home "
+        f'exec {sys.executable} -c "$0"'
+    )
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, FALLBACK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    assert not list(Path("/opt").glob("psky-fb-*"))

@@ -204,7 +204,7 @@ class LocalBackend(Backend):
         )
 
     def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
-        root = Path(journal.load()["node_dirs"])
+        root = journal.cluster_dir / "nodes"  # where create wrote each node's directory
         for node in info.nodes:
             _write_home(root / str(node.rank) / "home", files)
 
@@ -221,7 +221,7 @@ class LocalBackend(Backend):
             )
         # A launch interrupted between leasing its bridge and writing that down left no
         # journal entry for it; the bridge's alias still names this cluster's directory.
-        bridge = data.get("bridge") or netns.bridge_owned_by(str(journal.path.parent))
+        bridge = data.get("bridge") or netns.bridge_owned_by(str(journal.cluster_dir))
         if bridge:
             netns.delete_links(tools["ip"], [bridge])
 
