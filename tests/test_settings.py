@@ -128,3 +128,11 @@ def test_no_module_but_settings_reads_an_environment_twin() -> None:
         str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "settings.py" and reads.search(p.read_text())
     ]
     assert readers == []
+
+
+def test_the_header_shows_the_value_a_default_stands_for() -> None:
+    """A new user reads the report header: an unset setting shows what it means, not None."""
+    assert "mtu=65535 (from default)" in resolve(environ={}).describe()
+    kube = resolve(kubernetes=True, environ={}).describe()
+    assert "kube_image=python:3.11-slim-bookworm (from default)" in kube
+    assert "kube_context=(kubeconfig's) (from default)" in kube

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pytest_sky import naming
 from pytest_sky.resources import Resources
+from pytest_sky.settings import DEFAULT_KUBE_IMAGE
 from pytest_sky.ssh import sshd
 
 LABEL_CLUSTER = "pytest-sky/cluster"
@@ -20,7 +21,7 @@ LABEL_RANK = "pytest-sky/rank"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pytest-sky"}
 SECRET_MOUNT = "/run/pytest-sky-secret"
 RUNTIME_DIR = "/run/pytest-sky"
-DEFAULT_IMAGE = "python:3.11-slim-bookworm"
+DEFAULT_IMAGE = DEFAULT_KUBE_IMAGE
 DEFAULT_CPUS = 2.0
 DEFAULT_MEMORY_GB = 8.0
 #: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.

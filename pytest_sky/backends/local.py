@@ -29,6 +29,7 @@ from pytest_sky.backends.base import Backend, HomeFiles, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
+from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
 from pytest_sky.ssh.keys import write_private
 from pytest_sky.state import Journal
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 
 NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s
 MAX_NODES = 250
-DEFAULT_MTU = 65535  # at 1500 gloo over veth is 30-40 % slower than loopback (DESIGN.md 5)
 READY_TIMEOUT = 60.0
 
 
