@@ -226,30 +226,33 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
-def test_interactive_ssh_session_reaches_a_worker_from_the_head(home: Path, dev: str):
+def test_interactive_ssh_session_reaches_a_worker_from_the_head(home: Path, dev: str, tmp_path: Path):
     """A person's session: `pytest-sky ssh dev`, then `ssh <worker-ip> hostname` on the head."""
     worker_ip = json.loads(sky(home, "status", "--json", check_rc=0).stdout)[0]["node_ips"][1]
+    # A tmux server of the test's own (its socket in tmp_path): never the user's, and nothing
+    # left in /tmp/tmux-<uid> afterwards.
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     session = f"psky{os.getpid()}"
     env = {**os.environ, "PYTEST_SKY_HOME": str(home)}
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", f"{SCRIPT} ssh {dev}"],
+        [*tmux, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", f"{SCRIPT} ssh {dev}"],
         env=env,
         check=True,
     )
     try:
-        screen = wait_screen(session, f"{dev}-head")  # the head's prompt shows its hostname
-        subprocess.run(["tmux", "send-keys", "-t", session, f"ssh {worker_ip} hostname", "Enter"], check=True)
-        screen = wait_screen(session, f"\n{dev}-worker1")
+        screen = wait_screen(tmux, session, f"{dev}-head")  # the head's prompt shows its hostname
+        subprocess.run([*tmux, "send-keys", "-t", session, f"ssh {worker_ip} hostname", "Enter"], check=True)
+        screen = wait_screen(tmux, session, f"\n{dev}-worker1")
         assert "password" not in screen.lower() and "yes/no" not in screen
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        subprocess.run([*tmux, "kill-server"], check=False)
 
 
-def wait_screen(session: str, text: str, timeout: float = 30) -> str:
+def wait_screen(tmux: list[str], session: str, text: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while True:
         screen = subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
+            [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=False
         ).stdout
         if text in screen:
             return screen
