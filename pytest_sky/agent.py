@@ -9,7 +9,8 @@ line, ``exit`` per rank, finally ``done``), which ``runner`` turns into the ``Ru
 When a rank fails, the others are stopped.  The rest of stdin is a lifeline: when it closes
 (the client went away, timed out or was interrupted), every rank is stopped.
 ``submit`` does the same in a daemon on the head (a detached job) and returns at once;
-``jobs``, ``wait``, ``logs``, ``events`` and ``cancel`` read and steer jobs (``job.Job``).
+``jobs``, ``wait``, ``logs``, ``events`` and ``cancel`` read and steer jobs (``job.Job``);
+``forget`` drops the records of ended ones.
 
 Each rank runs under ``RANK_SUPERVISOR`` (bash), locally for the head and over head-to-worker
 SSH for workers.  Every job keeps its status, prefixed log and events in ``~/.sky/jobs/<id>``.
@@ -739,7 +740,7 @@ def cancel_main(argv: list[str]) -> int:
                 _update(d, status=JobStatus.CANCELLED, error="cancelled before it started", ended=time.time())
     deadline = time.monotonic() + STOP_GRACE_SECONDS + 10
     while targets and time.monotonic() < deadline:
-        targets = [d for d in targets if (_read_status(d) or _ENDED).status not in TERMINAL]
+        targets = [d for d in targets if _still_running(d)]
         time.sleep(0.05)
     sys.stdout.write(encode_records(_read_status(d) for d in _job_dirs(argv[0] if argv else "all")) + "\n")
     return 0
@@ -747,14 +748,35 @@ def cancel_main(argv: list[str]) -> int:
 
 _ENDED = JobRecord(id=0, status=JobStatus.FAILED)  # a record that vanished: nothing left to wait for
 
+
+def _still_running(job_dir: str) -> bool:
+    """Not ended, or ended on paper while its agent process still lives: a cancel returns only
+    once the job's own process is gone too (a cluster shared by tests checks that it is)."""
+    record = _read_status(job_dir) or _ENDED
+    return record.status not in TERMINAL or _pid_alive(record.pid)
+
+
+def forget_main(argv: list[str]) -> int:
+    """``forget``: drop the records of every ended job, so that the next test on a cluster
+    shared by several starts with an empty queue, as on a fresh one.  Ids keep counting up."""
+    import shutil
+
+    for d in _job_dirs("all"):
+        record = _read_status(d)
+        if record is not None and not _still_running(d):
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
 COMMANDS = {
     "jobs": jobs_main,
     "wait": wait_main,
     "logs": logs_main,
     "events": events_main,
     "cancel": cancel_main,
+    "forget": forget_main,
 }
-USAGE = "usage: agent.pyz run|submit|jobs|wait|logs|events|cancel ...\n"
+USAGE = "usage: agent.pyz run|submit|jobs|wait|logs|events|cancel|forget ...\n"
 
 
 def main(argv: list[str]) -> int:

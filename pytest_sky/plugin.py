@@ -21,12 +21,26 @@ if TYPE_CHECKING:
 
 
 MARKERS = {
-    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None): the test gets a cluster "
-    "of that shape as `sky_cluster`",
+    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, scope='function'): "
+    "the test gets a cluster of that shape as `sky_cluster`; scope='class'/'module'/'session' shares one "
+    "among that scope's tests of the same shape",
     "kubernetes": "run only with the Kubernetes backend (--kubernetes)",
     "no_kubernetes": "skip with the Kubernetes backend",
     "gpu": "needs a GPU; skipped with a reason where the backend has none",
 }
+
+
+SCOPES = ("function", "class", "module", "session")
+
+
+@dataclass(frozen=True)
+class _ShareKey:
+    """Which tests share a cluster: those of one scope node, asking for one shape, on one backend."""
+
+    scope: str
+    node_id: str
+    shape: tuple[tuple[str, str], ...]
+    backend: str
 
 
 @dataclass
@@ -34,10 +48,16 @@ class _SessionState:
     settings: Settings
     started: float = field(default_factory=time.time)
     live: list[Cluster] = field(default_factory=list)
+    shared: dict[_ShareKey, Cluster] = field(default_factory=dict)
 
 
 _state_key = pytest.StashKey[_SessionState]()
+# The clusters a test used, for its failure report (its own and the shared ones it was lent).
 _item_clusters_key = pytest.StashKey[list["Cluster"]]()
+
+
+def _reported(item: pytest.Item) -> list[Cluster]:
+    return item.stash.setdefault(_item_clusters_key, [])
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -252,9 +272,14 @@ def _slug(text: str, limit: int) -> str:
 
 def unique_cluster_name(item: pytest.Item, index: int) -> str:
     """Names unique per test, per xdist worker and per process: ``sky-<test>-<worker>-<hex>``."""
+    return _cluster_name(item.name, index)
+
+
+def _cluster_name(label: str, index: int) -> str:
+    """``sky-<label>-<worker>-<index>-<hex>``: the label is a test's name or a shared scope's."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     token = os.urandom(2).hex()
-    parts = ["sky", _slug(item.name, 18)]
+    parts = ["sky", _slug(label, 18)]
     if worker:
         parts.append(worker)
     if index:
@@ -287,14 +312,10 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     ``cluster.last_result``; ``timeout=`` bounds that run.  Every cluster is torn down after
     the test, pass or fail.
     """
-    from pytest_sky.cluster import launch
-    from pytest_sky.errors import SkyError
-
     state = request.config.stash[_state_key]
-    settings = state.settings
     mine: list[Cluster] = []
     item = request.node
-    item.stash[_item_clusters_key] = mine
+    reported = _reported(item)
 
     def factory(
         task: Any = None,
@@ -304,32 +325,46 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
         timeout: float | None = None,
         **resources: Any,
     ) -> Cluster:
-        try:
-            cluster = launch(
-                task,
-                num_nodes=num_nodes,
-                name=name or unique_cluster_name(item, len(mine)),
-                settings=settings,
-                keep=settings.keep_clusters,
-                on_created=_track,
-                run_timeout=timeout,
-                **resources,
-            )
-        except SkyError as exc:
-            problem = str(exc)
-        else:
-            return cluster
-        # Outside the except block: the report shows one line, not a chained traceback.
-        pytest.fail(f"pytest-sky: {problem}", pytrace=False)
+        return _launch_or_fail(
+            state,
+            task,
+            num_nodes=num_nodes,
+            name=name or unique_cluster_name(item, len(mine)),
+            on_created=_track,
+            run_timeout=timeout,
+            **resources,
+        )
 
     def _track(cluster: Cluster) -> None:
         mine.append(cluster)
-        state.live.append(cluster)
+        reported.append(cluster)
 
     try:
         yield factory
     finally:
         _tear_down(state, mine)
+
+
+def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> Cluster:
+    """``launch`` with the session's settings, tracked for the last-line teardown; a problem
+    fails the test with one line."""
+    from pytest_sky.cluster import launch
+    from pytest_sky.errors import SkyError
+
+    on_created = options.pop("on_created", None)
+
+    def track(cluster: Cluster) -> None:
+        state.live.append(cluster)
+        if on_created is not None:
+            on_created(cluster)
+
+    settings = state.settings
+    try:
+        return launch(task, settings=settings, keep=settings.keep_clusters, on_created=track, **options)
+    except SkyError as exc:
+        problem = str(exc)
+    # Outside the except block: the report shows one line, not a chained traceback.
+    pytest.fail(f"pytest-sky: {problem}", pytrace=False)
 
 
 def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
@@ -348,6 +383,15 @@ def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
         pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
 
 
+@dataclass(frozen=True)
+class MultinodeRequest:
+    """What a ``multinode`` marker asks for: the cluster's shape (``launch``'s keywords) and
+    the scope whose tests of that shape share it."""
+
+    shape: dict[str, Any]
+    scope: str = "function"
+
+
 def multinode_shape(
     num_nodes: int = 2,
     *,
@@ -355,24 +399,33 @@ def multinode_shape(
     cpus: object = None,
     memory: object = None,
     shared_dir: str | None = None,
-) -> dict[str, Any]:
+    scope: str = "function",
+) -> MultinodeRequest:
     """The signature of ``@pytest.mark.multinode``: the marker's arguments are bound to it.
 
     Python's own binding refuses an unknown keyword or a second positional argument;
     :func:`_marker_shape` only turns its TypeError into a line that says what to write.
     """
     shape = {"num_nodes": num_nodes, "gpus": gpus, "cpus": cpus, "memory": memory, "shared_dir": shared_dir}
-    return {k: v for k, v in shape.items() if v is not None}
+    return MultinodeRequest({k: v for k, v in shape.items() if v is not None}, scope)
 
 
-def _marker_shape(item: pytest.Item) -> dict[str, Any]:
+def _marker_shape(item: pytest.Item) -> MultinodeRequest:
     marker = item.get_closest_marker("multinode")
     if marker is None:
         return multinode_shape()
     try:
-        return multinode_shape(*marker.args, **marker.kwargs)
+        request = multinode_shape(*marker.args, **marker.kwargs)
     except TypeError:
         pass  # said below, outside the handler: the user gets one line, not a chain
+    else:
+        if request.scope in SCOPES:
+            return request
+        pytest.fail(
+            f"pytest-sky: multinode() got scope={request.scope!r}; use one of {', '.join(map(repr, SCOPES))} "
+            "(e.g. @pytest.mark.multinode(num_nodes=2, scope='module'))",
+            pytrace=False,
+        )
     import inspect
 
     allowed = sorted(inspect.signature(multinode_shape).parameters)
@@ -391,6 +444,66 @@ def _marker_shape(item: pytest.Item) -> dict[str, Any]:
 
 @pytest.fixture
 def sky_cluster(request: pytest.FixtureRequest, sky_launch: Callable[..., Cluster]) -> Cluster:
-    """One cluster for this test, shaped by its ``multinode`` marker (default: 2 nodes)."""
-    shape = _marker_shape(request.node)
-    return sky_launch(**shape)
+    """One cluster for this test, shaped by its ``multinode`` marker (default: 2 nodes); with
+    ``scope=`` other than "function", the one its scope's tests of that shape share."""
+    want = _marker_shape(request.node)
+    if want.scope == "function":
+        return sky_launch(**want.shape)
+    return _shared_cluster(request.node, want)
+
+
+def _scope_node(item: pytest.Item, scope: str) -> pytest.Node:
+    """The node whose end ends a shared cluster; a class scope outside a class is the module's,
+    as for pytest's own class-scoped fixtures."""
+    if scope == "session":
+        return item.session
+    node = item.getparent(pytest.Class) if scope == "class" else None
+    return node or item.getparent(pytest.Module) or item.session
+
+
+def _shared_cluster(item: pytest.Item, want: MultinodeRequest) -> Cluster:
+    """The cluster this scope's tests of this shape share (per process, so per xdist worker).
+
+    The first test launches it and registers its teardown on the scope's node, so it goes
+    when the scope ends, whatever its last test did; each later test gets it reset
+    (:func:`pytest_sky.cluster.reset_for_next_test`), or a fresh one where that failed.
+    """
+    state = item.config.stash[_state_key]
+    node = _scope_node(item, want.scope)
+    key = _ShareKey(
+        want.scope, node.nodeid, tuple(sorted((k, repr(v)) for k, v in want.shape.items())), state.settings.backend
+    )
+    cluster = state.shared.get(key)
+    if cluster is not None:
+        cluster = _reset_or_drop(state, item, cluster)
+    if cluster is None:
+        label = "session" if node is item.session else os.path.splitext(node.name)[0]
+        cluster = _launch_or_fail(state, name=_cluster_name(label, 0), **want.shape)
+        if key not in state.shared:
+            node.addfinalizer(lambda: _release(state, key))
+        state.shared[key] = cluster
+    _reported(item).append(cluster)
+    return cluster
+
+
+def _reset_or_drop(state: _SessionState, item: pytest.Item, cluster: Cluster) -> Cluster | None:
+    """The shared cluster made clean for the next test; None (and it torn down) where it could
+    not be, or an earlier test took it down itself."""
+    from pytest_sky.cluster import reset_for_next_test
+    from pytest_sky.errors import SkyError
+
+    if not cluster.is_down:
+        try:
+            reset_for_next_test(cluster)
+            return cluster
+        except SkyError as exc:
+            item.warn(pytest.PytestWarning(f"pytest-sky: {exc}; this test gets a fresh cluster"))
+    _tear_down(state, [cluster])
+    return None
+
+
+def _release(state: _SessionState, key: _ShareKey) -> None:
+    """The end of a shared cluster's scope: it goes through the one teardown path."""
+    cluster = state.shared.pop(key, None)
+    if cluster is not None:
+        _tear_down(state, [cluster])

@@ -7,7 +7,7 @@ rank) and back: each :mod:`~pytest_sky.protocol` event goes to its handler in
 :class:`_Collector`, which builds the :class:`RunResult` of the public contract.  Closing
 the channel is the agent's signal to stop every rank, which is how timeouts and Ctrl-C stop
 remote work.  Detached jobs (``job.Job``) use the client's other commands: ``submit``,
-``jobs``, ``wait``, ``logs``, ``events``, ``cancel``.
+``jobs``, ``wait``, ``logs``, ``events``, ``cancel``, ``forget``.
 """
 
 from __future__ import annotations
@@ -325,6 +325,12 @@ class AgentClient:
         """Stop a job (or ``"all"``) on every node; the records once they have ended."""
         code, out = self.call(["cancel", str(which)], timeout=60)
         return self._decoded(decode_records, out, "job records") if code == 0 else []
+
+    def forget(self) -> None:
+        """Drop the head's records of every ended job (``agent forget``)."""
+        code, _ = self.call(["forget"])
+        if code != 0:
+            raise RunError(f"could not clear the job records on {self.cluster}: agent exit {code}")
 
 
 def _stderr(chan: paramiko.Channel) -> str:

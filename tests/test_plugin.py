@@ -194,7 +194,7 @@ def test_markers_are_registered(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     assert result.ret == 0
     for line in [
-        "@pytest.mark.multinode(num_nodes=2, gpus=None, cpus=None, memory=None):*",
+        "@pytest.mark.multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, scope=*):*",
         "@pytest.mark.kubernetes:*--kubernetes*",
         "@pytest.mark.no_kubernetes:*",
         "@pytest.mark.gpu:*",
@@ -501,7 +501,8 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=3, errors=2)
     assert report_block(result, "ERROR at setup of test_unknown_argument") == [
-        "pytest-sky: multinode() got unknown argument(s) nodes; allowed: cpus, gpus, memory, num_nodes, shared_dir"
+        "pytest-sky: multinode() got unknown argument(s) nodes; "
+        "allowed: cpus, gpus, memory, num_nodes, scope, shared_dir"
     ]
     block = report_block(result, "ERROR at setup of test_zero_nodes")
     assert any(line.startswith("pytest-sky: ") and "num_nodes" in line for line in block), block
