@@ -30,6 +30,7 @@ from pytest_sky.cluster import Cluster, get_cluster, launch, reap_orphans
 from pytest_sky.errors import (
     BackendUnavailableError,
     CommandFailedError,
+    NotSupportedError,
     ProvisionError,
     RunError,
     RunTimeoutError,
@@ -48,6 +49,7 @@ __all__ = [
     "Cluster",
     "CommandFailedError",
     "CommandResult",
+    "NotSupportedError",
     "ProvisionError",
     "RankResult",
     "Resources",

@@ -416,6 +416,51 @@ def cmd_stress_ssh(args: argparse.Namespace) -> int:
     return 0 if ok == attempts and attempts else 1
 
 
+def _rank_arg(cluster, text: str) -> int:
+    rank = naming.parse_node(text, cluster.num_nodes) if text else None
+    if rank is None:
+        raise UsageError(
+            f"no node {text!r} in {cluster.name}: use head, worker1..worker{cluster.num_nodes - 1} or a rank"
+        )
+    return rank
+
+
+def _describe_faults(cluster) -> str:
+    faults = cluster.network_faults
+    parts = [f"{sorted(a)} | {sorted(b)}" for a, b in faults.partitions]
+    links = [
+        f"rank {r}: " + ", ".join(f"{k}={v}" for k, v in vars(d).items() if v)
+        for r, d in sorted(faults.degraded.items())
+    ]
+    lines = [f"partitions: {'; '.join(parts) or 'none'}", f"degraded: {'; '.join(links) or 'none'}"]
+    return "\n".join([*lines, f"link shaping: {cluster.link_shaping}"])
+
+
+def cmd_fault(args: argparse.Namespace) -> int:
+    """One fault on a running cluster, through the same ``Cluster`` methods a test calls."""
+    cluster = _cluster(args.cluster)
+    action = args.action
+    if action == "kill":
+        cluster.kill_node(_rank_arg(cluster, args.node))
+    elif action == "restart":
+        cluster.restart_node(_rank_arg(cluster, args.node), wipe=args.wipe)
+    elif action == "partition":
+        groups = [[_rank_arg(cluster, n) for n in g.split(",") if n] for g in (args.group_a, args.group_b)]
+        cluster.partition(*groups)
+    elif action == "degrade":
+        cluster.degrade(
+            _rank_arg(cluster, args.node),
+            delay_ms=args.delay_ms,
+            jitter_ms=args.jitter_ms,
+            loss_pct=args.loss_pct,
+            rate_mbit=args.rate_mbit,
+        )
+    elif action == "heal":
+        cluster.heal()
+    print(_describe_faults(cluster))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from pytest_sky.doctor import leftovers
 
@@ -465,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_job_commands(add)
     _add_node_commands(add)
+    _add_fault_command(add)
     return parser
 
 
@@ -564,6 +610,39 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
 
     p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
     p.set_defaults(func=cmd_doctor)
+
+
+def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """fault: kill, restart, partition, degrade, heal (and show) on a running cluster."""
+    p = add(
+        "fault",
+        "break a running cluster on purpose (and heal it): nodes and links",
+        "  pytest-sky fault dev kill worker1\n"
+        "  pytest-sky fault dev restart 1 --wipe\n"
+        "  pytest-sky fault dev partition 0,1 2\n"
+        "  pytest-sky fault dev degrade 1 --rate-mbit 100 --loss-pct 1\n"
+        "  pytest-sky fault dev heal\n"
+        "  pytest-sky fault dev status",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    q = actions.add_parser("kill", help="crash a node: every process on it dies at once")
+    q.add_argument("node", metavar="worker1|RANK")
+    q = actions.add_parser("restart", help="boot a node again: same name, IP and host key")
+    q.add_argument("node", metavar="worker1|RANK")
+    q.add_argument("--wipe", action="store_true", help="a fresh disk (only provisioning's files)")
+    q = actions.add_parser("partition", help="drop traffic between two groups of ranks (SSH head-worker stays)")
+    q.add_argument("group_a", metavar="RANKS", help="comma-separated, e.g. 0,1")
+    q.add_argument("group_b", metavar="RANKS", help="comma-separated, e.g. 2")
+    q = actions.add_parser("degrade", help="give a node's link latency, loss or a bandwidth cap")
+    q.add_argument("node", metavar="worker1|RANK")
+    q.add_argument("--delay-ms", type=float, default=0.0, metavar="MS")
+    q.add_argument("--jitter-ms", type=float, default=0.0, metavar="MS")
+    q.add_argument("--loss-pct", type=float, default=0.0, metavar="PCT")
+    q.add_argument("--rate-mbit", type=float, default=None, metavar="MBIT")
+    actions.add_parser("heal", help="undo every partition and degradation")
+    actions.add_parser("status", help="show the network faults applied now")
+    p.set_defaults(func=cmd_fault)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

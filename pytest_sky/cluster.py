@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, lifecycle
 from pytest_sky.backends import get_backend
-from pytest_sky.backends.base import Backend
+from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
@@ -151,6 +151,96 @@ class Cluster:
                 self._client = None
             lifecycle.teardown(self._record, self._store, self._backend)
             self.is_down = True
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def kill_node(self, rank: int) -> None:
+        """Crash node ``rank``: every process on it (its sshd too) dies at once and its
+        address goes silent.  A job running on it fails within seconds, naming the rank."""
+        rank = self._rank(rank)
+        if rank == 0:
+            self._drop_connection()  # its peer is gone: the next call connects afresh
+        self._backend.kill_node(self.name, self.journal, rank)
+
+    def restart_node(self, rank: int, wipe: bool = False) -> None:
+        """Boot node ``rank`` again (a running one is killed first, as a reboot): the same
+        name, hostname, IP and host key, so ``StrictHostKeyChecking yes`` still passes;
+        returns once its sshd sends its banner.  Its files (home, and what it wrote anywhere
+        on its root) survive as a disk does; ``wipe=True`` gives it a fresh disk, holding
+        only what provisioning put in its home.  Its partitions and degradations stay."""
+        rank = self._rank(rank)
+        if rank == 0:
+            self._drop_connection()
+        self._backend.restart_node(self.name, self.journal, self.info, rank, wipe)
+
+    def partition(self, group_a: list[int], group_b: list[int]) -> None:
+        """Drop (never reject) every packet between the ranks of ``group_a`` and those of
+        ``group_b``, in both directions, inside the nodes' namespaces, as a failed switch.
+
+        Kept: SSH (TCP port 22) between the head and each worker, which is the harness's
+        control path (the head's agent starts each rank over it and collects its output),
+        and the client's own connection to the head (over the bridge, not between nodes).
+        So ``run`` and ``submit`` still start and collect every rank, while what the ranks
+        say to each other (gloo, NCCL, a c10d store, worker-to-worker SSH) is cut.
+        Partitions add up; :meth:`heal` removes them all."""
+        a, b = self._group(group_a), self._group(group_b)
+        if a & b:
+            raise TaskError(f"ranks {sorted(a & b)} are in both groups; a partition needs two disjoint groups")
+        faults = self.network_faults
+        self._set_faults(NetworkFaults((*faults.partitions, (a, b)), dict(faults.degraded)))
+
+    def degrade(
+        self,
+        rank: int,
+        delay_ms: float = 0,
+        jitter_ms: float = 0,
+        loss_pct: float = 0,
+        rate_mbit: float | None = None,
+    ) -> None:
+        """Give node ``rank``'s link added latency (± jitter), random loss (each direction)
+        and a bandwidth cap (each direction), inside its namespace; it replaces what that
+        rank had.  netem where the kernel has it, else tbf for rate and iptables' statistic
+        match for loss (delay then raises :class:`NotSupportedError`): see ``link_shaping``."""
+        rank = self._rank(rank)
+        if min(delay_ms, jitter_ms, loss_pct) < 0 or loss_pct > 100 or (rate_mbit is not None and rate_mbit <= 0):
+            raise TaskError("degrade needs delay_ms, jitter_ms >= 0, 0 <= loss_pct <= 100 and rate_mbit > 0 (or None)")
+        faults = self.network_faults
+        degraded = {**faults.degraded, rank: LinkDegradation(delay_ms, jitter_ms, loss_pct, rate_mbit)}
+        self._set_faults(NetworkFaults(faults.partitions, degraded))
+
+    def heal(self) -> None:
+        """Undo every partition and degradation: the network as it was at launch."""
+        self._set_faults(NetworkFaults())
+
+    @property
+    def network_faults(self) -> NetworkFaults:
+        """The partitions and degraded links applied now."""
+        return self._backend.network_faults(self.journal)
+
+    @property
+    def link_shaping(self) -> str:
+        """How ``degrade`` works on this cluster: "netem", "tbf+iptables" (no delay), "none"."""
+        return self._backend.link_shaping()
+
+    def _set_faults(self, faults: NetworkFaults) -> None:
+        self._backend.set_network_faults(self.name, self.journal, self.info, faults)
+
+    def _rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_nodes:
+            raise TaskError(f"no rank {rank!r} in cluster {self.name}: its ranks are 0..{self.num_nodes - 1}")
+        return rank
+
+    def _group(self, ranks: list[int]) -> frozenset[int]:
+        group = frozenset(self._rank(r) for r in ranks)
+        if not group:
+            raise TaskError("a partition group needs at least one rank")
+        return group
+
+    def _drop_connection(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     def __enter__(self) -> Cluster:
         return self

@@ -45,6 +45,11 @@ class RunTimeoutError(RunError, TimeoutError):
         self.partial_output = partial_output
 
 
+class NotSupportedError(SkyError):
+    """The backend cannot do what was asked (a fault it has no means to inject); the
+    message names what would be needed."""
+
+
 class CommandFailedError(SkyError):
     """A command started by :func:`pytest_sky.run_command_in_parallel` failed."""
 

@@ -11,10 +11,11 @@ are shared by every backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_sky.cluster_info import ClusterInfo
+from pytest_sky.errors import NotSupportedError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import Journal
@@ -36,6 +37,54 @@ class ProvisionConfig:
     #: Where one directory shared by every node appears on each (opt-in, as NFS would);
     #: None: nodes share nothing.
     shared_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkDegradation:
+    """What one node's link suffers: added latency (and its jitter), random loss per
+    direction, and a bandwidth cap (None: uncapped)."""
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    rate_mbit: float | None = None
+
+
+@dataclass(frozen=True)
+class NetworkFaults:
+    """Every network fault a cluster has now: partitions (pairs of rank groups that cannot
+    reach each other) and degraded links by rank.  Backends apply the whole state at once,
+    so applying it twice, or again on a restarted node, gives the same network."""
+
+    partitions: tuple[tuple[frozenset[int], frozenset[int]], ...] = ()
+    degraded: dict[int, LinkDegradation] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.partitions or self.degraded)
+
+    def cut_off(self, rank: int) -> set[int]:
+        """The ranks that ``rank`` cannot reach, over every partition."""
+        out: set[int] = set()
+        for a, b in self.partitions:
+            if rank in a:
+                out |= b
+            elif rank in b:
+                out |= a
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "partitions": [[sorted(a), sorted(b)] for a, b in self.partitions],
+            "degraded": {str(r): vars(d) for r, d in self.degraded.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> NetworkFaults:
+        data = data or {}
+        return cls(
+            partitions=tuple((frozenset(a), frozenset(b)) for a, b in data.get("partitions", [])),
+            degraded={int(r): LinkDegradation(**d) for r, d in data.get("degraded", {}).items()},
+        )
 
 
 class Backend(ABC):
@@ -72,3 +121,27 @@ class Backend(ABC):
     @abstractmethod
     def destroy(self, name: str, journal: Journal) -> None:
         """Remove everything the journal says the cluster has; tolerate parts already gone."""
+
+    # -- faults (optional: a backend without the means says so) ---------------------------
+
+    def kill_node(self, name: str, journal: Journal, rank: int) -> None:
+        """Kill every process of node ``rank`` at once, as a machine that crashed."""
+        raise NotSupportedError(f"the {self.name} backend cannot kill a node; use the local backend")
+
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
+        """Boot node ``rank`` again (killing it first if it runs) with its name, address and
+        host key; its disk survives unless ``wipe``.  Returns once its sshd answers."""
+        raise NotSupportedError(f"the {self.name} backend cannot restart a node; use the local backend")
+
+    def network_faults(self, journal: Journal) -> NetworkFaults:
+        """The network faults applied now (none on a backend that cannot apply any)."""
+        return NetworkFaults()
+
+    def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
+        """Make ``faults`` the cluster's whole network state (empty: everything healed)."""
+        if faults:
+            raise NotSupportedError(f"the {self.name} backend cannot partition or degrade links; use the local backend")
+
+    def link_shaping(self) -> str:
+        """How ``degrade`` is carried out here: "netem", "tbf+iptables" or "none"."""
+        return "none"

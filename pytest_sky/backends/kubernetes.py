@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sky import console, naming
 from pytest_sky.backends import kube_manifests as manifests
-from pytest_sky.backends.base import Backend, HomeFiles, ProvisionConfig
+from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
-from pytest_sky.errors import BackendUnavailableError, ProvisionError
+from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
 from pytest_sky.resources import Resources
 from pytest_sky.state import Journal
 
@@ -514,3 +514,25 @@ class KubernetesBackend(Backend):
         resp.close()
         code = resp.returncode
         return (code if code is not None else 1), "".join(out)
+
+    # -- faults: what a pod cannot do, said plainly ----------------------------------------
+
+    def kill_node(self, name: str, journal: Journal, rank: int) -> None:
+        raise NotSupportedError(
+            "kill_node is not supported on Kubernetes yet (it would delete the pod, and restart_node "
+            "recreate it with the same name and keys); use the local backend for node faults"
+        )
+
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
+        raise NotSupportedError(
+            "restart_node is not supported on Kubernetes yet (a recreated pod gets a new IP, which every "
+            "node's ssh config names); use the local backend for node faults"
+        )
+
+    def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
+        if faults:
+            raise NotSupportedError(
+                "partition and degrade are not supported on Kubernetes: they would need a CNI that enforces "
+                "NetworkPolicy (Calico, Cilium) for partitions and one with bandwidth shaping (or netem in "
+                "privileged pods) for degraded links; use the local backend"
+            )

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
 from pytest_sky.backends import netns
-from pytest_sky.backends.base import Backend, HomeFiles, ProvisionConfig
+from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
-from pytest_sky.errors import ProvisionError, ResourcesError
+from pytest_sky.errors import NotSupportedError, ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
@@ -170,22 +170,16 @@ class LocalBackend(Backend):
             journal.update(
                 cgroups=[str(netns.node_cgroup(s.veth) or "") for s in specs],
                 node_dirs=str(config.cluster_dir / "nodes") + "/",
+                # What restart_node needs to boot a node again, from any process.
+                specs=[netns.spec_to_json(s) for s in specs],
+                mtu=self.mtu,
+                home_files=sorted(config.home_files),
             )
             started = netns.start_nodes(
                 specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
             )
             self._nodes[config.name] = started
-            journal.update(
-                nodes=[
-                    {
-                        "pid": n.pid,
-                        "init_pid": n.init_pid,
-                        "start_time": procs.start_time(n.pid),
-                        "log": str(n.log_path),
-                    }
-                    for n in started
-                ]
-            )
+            journal.update(nodes=[_node_record(n) for n in started])
             self._wait_ready(started)
             return info
         except BaseException:
@@ -207,6 +201,8 @@ class LocalBackend(Backend):
         root = journal.cluster_dir / "nodes"  # where create wrote each node's directory
         for node in info.nodes:
             _write_home(root / str(node.rank) / "home", files)
+        # What a wiped node's home gets back (its provisioned files, as a fresh machine would).
+        journal.update(home_files=sorted({*journal.load().get("home_files", []), *files}))
 
     def destroy(self, name: str, journal: Journal) -> None:
         data = journal.load()
@@ -257,6 +253,97 @@ class LocalBackend(Backend):
             except OSError:
                 pass
         return doomed
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def kill_node(self, name: str, journal: Journal, rank: int) -> None:
+        """Every process of the node dies at once: its PID namespace's first process (the
+        kernel kills the rest with it) and its cgroup; its veth goes with its namespace."""
+        node = self._node(name, journal.load(), rank)
+        netns.stop_nodes(netns.require_tools()["ip"], [node])
+        node.pid = node.init_pid = 0  # reaped: never signal these numbers again
+
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
+        """Boot the node from its spec in the journal: same directory (host key, sshd config,
+        home, layers), same veth name and address; its network faults are applied again."""
+        self.kill_node(name, journal, rank)  # a running node is rebooted
+        data = journal.load()
+        spec = netns.spec_from_json(data["specs"][rank])
+        if wipe:
+            _wipe(spec, data.get("home_files", []))
+        tools = netns.require_tools()
+        started = netns.start_nodes(
+            [spec],
+            bridge=data["bridge"],
+            prefixlen=24,
+            subnet=subnet_of(data["index"])[0],
+            mtu=data["mtu"],
+            tools=tools,
+        )
+        if name in self._nodes:
+            self._nodes[name][rank] = started[0]
+        records = list(data["nodes"])
+        records[rank] = _node_record(started[0])
+        journal.update(nodes=records)
+        self._wait_ready(started)
+        faults = self.network_faults(journal)
+        if faults:
+            self.set_network_faults(name, journal, info, faults)
+
+    def network_faults(self, journal: Journal) -> NetworkFaults:
+        return NetworkFaults.from_json(journal.load().get("faults"))
+
+    def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
+        """Each node's share applied inside its own namespace (a killed node gets its share
+        when it restarts).  Recorded first, so a half-applied state is still healed."""
+        netem = netns.netem_available()
+        delayed = sorted(r for r, d in faults.degraded.items() if d.delay_ms or d.jitter_ms)
+        if delayed and not netem:
+            raise NotSupportedError(
+                f"delay_ms/jitter_ms (rank {delayed[0]}) need sch_netem, which this kernel lacks "
+                "(CONFIG_NET_SCH_NETEM is not set): use rate_mbit and loss_pct here, or a kernel with netem"
+            )
+        data = journal.update(faults=faults.to_json())
+        ips = [n.ip for n in info.nodes]
+        ip = netns.require_tools()["ip"]
+        for rank in range(len(ips)):
+            node = self._node(name, data, rank)
+            if not node.init_pid:
+                continue
+            d = faults.degraded.get(rank, LinkDegradation())
+            share = netns.LinkFaults(
+                head_ip=ips[0],
+                is_head=rank == 0,
+                blocked=tuple(ips[r] for r in sorted(faults.cut_off(rank))),
+                loss_pct=d.loss_pct,
+                rate_mbit=d.rate_mbit,
+                delay_ms=d.delay_ms,
+                jitter_ms=d.jitter_ms,
+            )
+            netns.apply_link_faults(node.init_pid, share, netem=netem, mtu=int(data.get("mtu", self.mtu)), ip=ip)
+
+    def link_shaping(self) -> str:
+        return "netem" if netns.netem_available() else "tbf+iptables"
+
+    def _node(self, name: str, data: dict, rank: int) -> netns.NodeProcess:
+        """Node ``rank`` as this process started it, or as the journal says (from another
+        process): its pids only while they are still the ones recorded (pid reuse)."""
+        started = self._nodes.get(name)
+        if started is not None:
+            return started[rank]
+        record, spec = data["nodes"][rank], data["specs"][rank]
+        alive = procs.is_alive(record["pid"], record.get("start_time"))
+        init = record.get("init_pid") or 0
+        cgroup = (data.get("cgroups") or [""] * (rank + 1))[rank]
+        return netns.NodeProcess(
+            hostname=spec["hostname"],
+            ip=spec["ip"],
+            veth=spec["veth"],
+            pid=record["pid"] if alive else 0,
+            init_pid=init if alive and procs.parent_pid(init) == record["pid"] else 0,
+            log_path=Path(record["log"]),
+            cgroup=Path(cgroup) if cgroup else None,
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -362,6 +449,32 @@ class LocalBackend(Backend):
         if errors:
             first = sorted(errors.items())[0]
             raise ProvisionError(f"node {first[0]} did not come up: {first[1]}")
+
+
+def _node_record(node: netns.NodeProcess) -> dict:
+    """A started node as the journal keeps it (the start time makes a recycled pid safe)."""
+    return {
+        "pid": node.pid,
+        "init_pid": node.init_pid,
+        "start_time": procs.start_time(node.pid),
+        "log": str(node.log_path),
+    }
+
+
+def _wipe(spec: netns.NodeSpec, home_files: list[str]) -> None:
+    """A node's disk as provisioning left it: its root's layers gone, its home holding only
+    the files provisioning wrote (keys, the agent, the ssh config)."""
+    home = spec.root / "home"
+    keep: HomeFiles = {}
+    for rel in home_files:
+        path = home / rel
+        if path.is_file():
+            keep[rel] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(mode=0o700)
+    _write_home(home, keep)
+    if spec.layers is not None:
+        shutil.rmtree(spec.layers, ignore_errors=True)
 
 
 def _write_home(home: Path, files: HomeFiles) -> None:

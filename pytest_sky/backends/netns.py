@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_sky import naming, procs
-from pytest_sky.errors import BackendUnavailableError, ProvisionError
+from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
 
 log = logging.getLogger(__name__)
 
@@ -554,7 +554,10 @@ def start_nodes(
             _await_ready(node)
         commands = []
         for node in started:
-            commands.append(f"link add {node.veth} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {node.pid}")
+            commands.append(
+                f"link add {node.veth} mtu {mtu} type veth peer name eth0 mtu {mtu} "
+                f"address {node_mac(node.ip)} netns {node.pid}"
+            )
             commands.append(f"link set {node.veth} master {bridge} up")
         ip_batch(tools["ip"], commands)
         for node in started:
@@ -569,6 +572,14 @@ def start_nodes(
     except BaseException:
         stop_nodes(tools["ip"], started)
         raise
+
+
+def node_mac(ip: str) -> str:
+    """The node's MAC address, fixed by its IP as a machine's NIC is: a restarted node answers
+    at the address its peers' ARP caches (and the bridge's) already hold, as a rebooted
+    machine does, instead of going silent until every cache has expired."""
+    octets = [int(o) for o in ip.split(".")]
+    return ":".join(f"{b:02x}" for b in [0x02, 0x70, *octets])  # locally administered, unicast
 
 
 def _node_env(spec: NodeSpec, log_path: Path, *, prefixlen: int, subnet: str, mtu: int, sshd: str) -> dict[str, str]:
@@ -851,3 +862,169 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess]) -> None:
                         pass
     if survivors:
         log.warning("node processes still alive after SIGKILL: %s", survivors)
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def spec_to_json(spec: NodeSpec) -> dict:
+    """A node's spec as the journal keeps it, so that a later process can boot it again."""
+    return {
+        "hostname": spec.hostname,
+        "ip": spec.ip,
+        "root": str(spec.root),
+        "veth": spec.veth,
+        "extra_mounts": dict(spec.extra_mounts),
+        "command": spec.command,
+        "env": dict(spec.env),
+        "cgroup_mode": spec.cgroup_mode,
+        "layers": str(spec.layers) if spec.layers is not None else None,
+        "hide": [str(h) for h in spec.hide],
+        "shared_mounts": dict(spec.shared_mounts),
+    }
+
+
+def spec_from_json(data: dict) -> NodeSpec:
+    return NodeSpec(
+        hostname=data["hostname"],
+        ip=data["ip"],
+        root=Path(data["root"]),
+        veth=data["veth"],
+        extra_mounts=dict(data.get("extra_mounts") or {}),
+        command=data.get("command"),
+        env=dict(data.get("env") or {}),
+        cgroup_mode=data.get("cgroup_mode", "rw"),
+        layers=Path(data["layers"]) if data.get("layers") else None,
+        hide=[Path(h) for h in data.get("hide", [])],
+        shared_mounts=dict(data.get("shared_mounts") or {}),
+    )
+
+
+def fault_tools() -> dict[str, str]:
+    """What injecting network faults takes on the host (not needed to run a cluster)."""
+    needed = {"tc": "iproute2", "iptables": "iptables", "iptables-restore": "iptables", "nsenter": "util-linux"}
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
+    found = {tool: shutil.which(tool, path=search) for tool in needed}
+    missing = sorted({needed[t] for t, path in found.items() if path is None})
+    if missing:
+        raise BackendUnavailableError(
+            f"network faults need {', '.join(missing)}: run `apt-get install -y {' '.join(missing)}`"
+        )
+    return {t: p for t, p in found.items() if p is not None}
+
+
+@functools.lru_cache(maxsize=1)
+def netem_available() -> bool:
+    """Whether this kernel has ``sch_netem``, tried where it harms nothing: a throwaway
+    network namespace's loopback (many kernels, this one's too, are built without it)."""
+    tools = require_tools()
+    tc = fault_tools()["tc"]
+    proc = subprocess.run(
+        [tools["unshare"], "--net", tc, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+#: The chains a node's network faults live in: its own, so a task's iptables rules stay.
+FAULT_CHAINS = ("PSKY-IN", "PSKY-OUT")
+_IFB = "psky-ifb"
+
+
+@dataclass(frozen=True)
+class LinkFaults:
+    """One node's share of a cluster's network faults, as its namespace applies them."""
+
+    head_ip: str  # SSH between the head and each worker stays up: the harness's control path
+    is_head: bool
+    blocked: tuple[str, ...] = ()  # peers whose traffic is dropped both ways
+    loss_pct: float = 0.0
+    rate_mbit: float | None = None
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+
+
+def iptables_rules(faults: LinkFaults, *, netem: bool) -> str:
+    """``iptables-restore --noflush`` input that makes the node's fault chains ``faults``
+    (declaring a chain flushes it: the previous state goes)."""
+    lines = ["*filter", *(f":{chain} - [0:0]" for chain in FAULT_CHAINS)]
+    if faults.loss_pct and not netem:  # netem drops in its own queue
+        p = f"{faults.loss_pct / 100:.6f}"
+        lines += [f"-A {chain} -m statistic --mode random --probability {p} -j DROP" for chain in FAULT_CHAINS]
+    for peer in faults.blocked:
+        if faults.is_head:  # the head's SSH to its workers
+            lines.append(f"-A PSKY-OUT -d {peer} -p tcp --dport 22 -j RETURN")
+            lines.append(f"-A PSKY-IN -s {peer} -p tcp --sport 22 -j RETURN")
+        elif peer == faults.head_ip:  # the head's SSH to this worker
+            lines.append(f"-A PSKY-IN -s {peer} -p tcp --dport 22 -j RETURN")
+            lines.append(f"-A PSKY-OUT -d {peer} -p tcp --sport 22 -j RETURN")
+        lines.append(f"-A PSKY-IN -s {peer} -j DROP")
+        lines.append(f"-A PSKY-OUT -d {peer} -j DROP")
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+def shaping_commands(faults: LinkFaults, *, netem: bool, mtu: int) -> list[str]:
+    """``tc`` commands (after the old shaping is removed) giving eth0 the degraded link, both
+    ways: egress on eth0, ingress redirected through an ifb device and shaped there."""
+    if netem:
+        args = []
+        if faults.delay_ms or faults.jitter_ms:
+            args += ["delay", f"{faults.delay_ms:g}ms", f"{faults.jitter_ms:g}ms"]
+        if faults.loss_pct:
+            args += ["loss", f"{faults.loss_pct:g}%"]
+        if faults.rate_mbit:
+            args += ["rate", f"{faults.rate_mbit:g}mbit"]
+        qdisc = ["netem", "limit", "100000", *args] if args else []
+    elif faults.rate_mbit:
+        # A burst of 10 ms at the rate, and never less than two packets of the link's MTU.
+        burst = max(int(faults.rate_mbit * 1e6 / 8 / 100), 2 * mtu)
+        qdisc = ["tbf", "rate", f"{faults.rate_mbit:g}mbit", "burst", str(burst), "latency", "200ms"]
+    else:
+        qdisc = []
+    if not qdisc:
+        return []
+    q = " ".join(qdisc)
+    return [
+        f"qdisc add dev eth0 root {q}",
+        f"link add {_IFB} type ifb",
+        f"link set {_IFB} up",
+        f"qdisc add dev {_IFB} root {q}",
+        "qdisc add dev eth0 handle ffff: ingress",
+        f"filter add dev eth0 parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev {_IFB}",
+    ]
+
+
+def apply_link_faults(init_pid: int, faults: LinkFaults, *, netem: bool, mtu: int, ip: str) -> None:
+    """Make ``faults`` the network state of the node whose first process is ``init_pid``,
+    inside its network namespace (one shell there: iptables, tc and ip as the host has them)."""
+    tools = fault_tools()
+    tc, ipt = tools["tc"], tools["iptables"]
+    script = "\n".join(
+        [
+            "set -e",
+            f"{tools['iptables-restore']} -w --noflush <<'EOF'\n{iptables_rules(faults, netem=netem)}EOF",
+            *(
+                f"{ipt} -w -C {base} -j {chain} 2>/dev/null || {ipt} -w -I {base} 1 -j {chain}"
+                for base, chain in (("INPUT", "PSKY-IN"), ("OUTPUT", "PSKY-OUT"))
+            ),
+            f"{tc} qdisc del dev eth0 root 2>/dev/null || true",
+            f"{tc} qdisc del dev eth0 ingress 2>/dev/null || true",
+            f"{ip} link del {_IFB} 2>/dev/null || true",
+            *(
+                f"{ip} {c}" if c.startswith("link ") else f"{tc} {c}"
+                for c in shaping_commands(faults, netem=netem, mtu=mtu)
+            ),
+        ]
+    )
+    proc = subprocess.run(
+        [tools["nsenter"], "-t", str(init_pid), "-n", "/bin/sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        err = proc.stderr.strip().splitlines()
+        raise SkyError(f"could not change the network of node pid {init_pid}: {err[-1] if err else proc.returncode}")

@@ -1,0 +1,248 @@
+"""The fault API on a real local cluster: kill, restart, partition, degrade and heal.
+
+Each test checks what a user would notice when the fault is there (and that it is gone once
+undone), so each fails if the fault were not applied; each teardown checks that a cluster
+torn down after a fault leaves no link, process or cgroup behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import pytest_sky
+from pytest_sky import procs
+from pytest_sky.backends import netns
+from pytest_sky.errors import NotSupportedError, TaskError
+from pytest_sky.job import JobStatus
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
+    c = pytest_sky.launch(num_nodes=3, name=f"fapi-{os.getpid() % 10000}-{time.monotonic_ns() % 1000}")
+    c.run("true")  # the connection and the head's masters up: the fault is the only slow thing
+    yield c
+    data = c.journal.load()  # the last nodes started (a restarted node's new pids)
+    c.down()
+    assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
+    assert [n["pid"] for n in data["nodes"] if procs.is_alive(n["pid"], n.get("start_time"))] == []
+    assert [p for p in data["cgroups"] if p and os.path.exists(p)] == []
+
+
+def probe(cluster, src: int, dst: int, port: int = 22, timeout: float = 2.0) -> str:
+    """What rank ``src`` sees opening TCP to rank ``dst``: "open", "refused" or "timeout"."""
+    ip = cluster.node_ips[dst]
+    cmd = (
+        f'[ "$SKYPILOT_NODE_RANK" = {src} ] || exit 0; '
+        f"timeout {timeout} bash -c 'exec 3<>/dev/tcp/{ip}/{port}' 2>/dev/null; rc=$?; "
+        'case $rc in 0) echo open ;; 124) echo timeout ;; *) echo "refused rc=$rc" ;; esac'
+    )
+    res = cluster.run(cmd, timeout=30)
+    assert res.returncode == 0, res.output
+    return res.ranks[src].stdout.strip().split()[0]
+
+
+def host_connect(ip: str, port: int, timeout: float) -> str:
+    """The host's own view of a node's port: "open", "refused" or "silent" (no answer)."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:  # timed out, or no host answers ARP for the address
+        return "silent"
+
+
+def ssh_throughput(cluster, rank: int, mib: int, upload: bool) -> float:
+    """MB/s of ``mib`` MiB over SSH between the host and node ``rank`` (to it, or from it)."""
+    alias = f"{cluster.name}-worker{rank}"
+    remote = "cat >/dev/null" if upload else f"head -c {mib * 2**20} /dev/zero"
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["ssh", "-F", cluster.ssh_config, alias, remote],
+        input=b"\0" * (mib * 2**20) if upload else None,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert upload or len(proc.stdout) == mib * 2**20
+    return mib * 2**20 / elapsed / 1e6
+
+
+# ------------------------------------------------------------------------------ kill/restart
+
+
+def test_kill_node_fails_the_job_naming_the_rank_and_silences_the_node(cluster):
+    job = cluster.submit("sleep 91")
+    deadline = time.monotonic() + 10
+    while job.status != JobStatus.RUNNING:
+        assert time.monotonic() < deadline, "job did not start"
+        time.sleep(0.05)
+    node = cluster.journal.load()["nodes"][1]
+    start = time.monotonic()
+    cluster.kill_node(1)
+    assert job.wait(15) == JobStatus.FAILED
+    assert time.monotonic() - start < 5
+    assert "rank 1" in job.error, job.error
+    # Every process of the node is gone at once, sshd included: nothing answers at its address.
+    assert not procs.is_alive(node["pid"], node.get("start_time"))
+    assert not procs.is_alive(node["init_pid"])
+    assert host_connect(cluster.node_ips[1], 22, timeout=1.0) == "silent"
+    assert host_connect(cluster.node_ips[2], 22, timeout=5.0) == "open"  # the others are untouched
+
+
+def test_restart_node_keeps_name_ip_host_key_and_disk(cluster):
+    marker = f"m{os.getpid()}"
+    res = cluster.run(
+        f'[ "$SKYPILOT_NODE_RANK" = 1 ] || exit 0; echo {marker} > ~/home-file; echo {marker} > /var/tmp/root-file'
+    )
+    assert res.returncode == 0, res.output
+    cluster.kill_node(1)
+    cluster.restart_node(1)
+    # From the head, with host keys checked strictly: the same key answers at the same name.
+    hop = cluster.run(
+        '[ "$SKYPILOT_NODE_RANK" = 0 ] || exit 0; '
+        f"ssh -o StrictHostKeyChecking=yes -o BatchMode=yes {cluster.name}-worker1 "
+        "'hostname; hostname -I; cat ~/home-file /var/tmp/root-file'"
+    )
+    assert hop.returncode == 0, hop.output
+    lines = hop.ranks[0].stdout.split()
+    assert lines == [f"{cluster.name}-worker1", cluster.node_ips[1], marker, marker]
+    assert cluster.run("hostname").returncode == 0  # the agent reaches every rank again
+
+
+def test_restart_node_with_wipe_gives_a_fresh_disk(cluster):
+    res = cluster.run('[ "$SKYPILOT_NODE_RANK" = 2 ] || exit 0; echo x > ~/home-file; echo x > /var/tmp/root-file')
+    assert res.returncode == 0, res.output
+    cluster.restart_node(2, wipe=True)  # a running node: rebooted
+    after = cluster.run("ls ~/home-file /var/tmp/root-file 2>/dev/null | wc -l")
+    assert after.returncode == 0, after.output  # the agent and keys came back with provisioning
+    assert [r.stdout.strip() for r in after.ranks] == ["0", "0", "0"]
+
+
+def test_restart_head_reconnects_the_client(cluster):
+    cluster.kill_node(0)
+    cluster.restart_node(0)
+    res = cluster.run("hostname")
+    assert res.returncode == 0, res.output
+    assert [r.stdout.strip() for r in res.ranks] == [f"{cluster.name}-{n}" for n in ("head", "worker1", "worker2")]
+
+
+# ------------------------------------------------------------------------------ network
+
+
+def test_partition_drops_between_groups_and_heal_restores(cluster):
+    assert probe(cluster, 2, 1) == "open"
+    assert probe(cluster, 2, 1, port=9) == "refused"  # a closed port answers with a reset
+    cluster.partition([0, 1], [2])
+    assert probe(cluster, 2, 1) == "timeout"  # dropped, not rejected: nothing comes back
+    assert probe(cluster, 2, 1, port=9) == "timeout"
+    assert probe(cluster, 1, 2) == "timeout"
+    assert probe(cluster, 0, 2, port=9) == "timeout"  # the head too, beyond its SSH
+    assert probe(cluster, 0, 1) == "open"  # within a group nothing changed
+    assert probe(cluster, 0, 2) == "open"  # the harness's control path: head to worker SSH
+    res = cluster.run("hostname")  # so a job still runs on every rank and is collected
+    assert res.returncode == 0 and len(res.ranks) == 3, res.output
+    cluster.heal()
+    assert probe(cluster, 2, 1) == "open"
+    assert probe(cluster, 0, 2, port=9) == "refused"
+    assert not cluster.network_faults
+
+
+def test_partition_survives_a_restart_of_a_partitioned_node(cluster):
+    cluster.partition([1], [2])
+    cluster.restart_node(2)
+    assert probe(cluster, 1, 2) == "timeout"
+    cluster.heal()
+    assert probe(cluster, 1, 2) == "open"
+
+
+def test_degrade_loss_drops_packets_both_ways(cluster):
+    ip = cluster.node_ips[1]
+    tries = 40
+
+    def unanswered() -> int:  # a SYN to a closed port, or its reset, lost: no answer in time
+        return sum(host_connect(ip, 9, timeout=0.25) != "refused" for _ in range(tries))
+
+    assert unanswered() == 0
+    cluster.degrade(1, loss_pct=40)
+    lost = unanswered()  # 1 - 0.6 * 0.6 = 64 % expected
+    assert 0.3 * tries <= lost <= 0.95 * tries, lost
+    cluster.heal()
+    assert unanswered() == 0
+
+
+def test_degrade_rate_caps_bandwidth_both_ways_and_heal_lifts_it(cluster):
+    cap_mbit = 40  # 5 MB/s
+    before = ssh_throughput(cluster, 1, 20, upload=False)
+    cluster.degrade(1, rate_mbit=cap_mbit)
+    down = ssh_throughput(cluster, 1, 8, upload=False)
+    up = ssh_throughput(cluster, 1, 8, upload=True)
+    assert down < cap_mbit / 8 * 1.3, down
+    assert up < cap_mbit / 8 * 1.3, up
+    assert before > 5 * down, (before, down)
+    assert cluster.network_faults.degraded[1].rate_mbit == cap_mbit
+    cluster.heal()
+    assert ssh_throughput(cluster, 1, 20, upload=False) > 3 * down
+
+
+def test_shaping_path_and_delay_without_netem(cluster):
+    if netns.netem_available():
+        assert cluster.link_shaping == "netem"
+        pytest.skip("this kernel has sch_netem: delay is netem's")
+    assert cluster.link_shaping == "tbf+iptables"
+    with pytest.raises(NotSupportedError, match="netem"):
+        cluster.degrade(1, delay_ms=20)
+    assert not cluster.network_faults  # refused before anything was applied
+
+
+def test_bad_fault_arguments_are_one_line_errors(cluster):
+    with pytest.raises(TaskError, match="no rank 3"):
+        cluster.kill_node(3)
+    with pytest.raises(TaskError, match="both groups"):
+        cluster.partition([0, 1], [1, 2])
+    with pytest.raises(TaskError, match="loss_pct"):
+        cluster.degrade(1, loss_pct=150)
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def test_cli_faults_act_on_a_cluster_of_another_process(cluster, tmp_path):
+    """`pytest-sky fault` runs in a process of its own: the journal alone tells it the nodes."""
+
+    def sky(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTEST_SKY_HOME": str(tmp_path), "CI": "1"}
+        argv = [sys.executable, "-m", "pytest_sky.cli", "fault", cluster.name, *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    assert "partitions: [0, 1] | [2]" in sky("partition", "head,worker1", "2").stdout
+    assert probe(cluster, 2, 1) == "timeout"
+    assert "rank 1: rate_mbit=50" in sky("degrade", "1", "--rate-mbit", "50").stdout
+    assert "partitions: none" in sky("heal").stdout
+    assert probe(cluster, 2, 1) == "open"
+    sky("kill", "worker1")
+    assert host_connect(cluster.node_ips[1], 22, timeout=1.0) == "silent"
+    sky("restart", "1")
+    assert host_connect(cluster.node_ips[1], 22, timeout=5.0) == "open"
+    res = cluster.run("hostname")
+    assert res.returncode == 0, res.output
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_sky.cli", "fault", cluster.name, "kill", "worker7"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTEST_SKY_HOME": str(tmp_path)},
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "no node 'worker7'" in bad.stderr
