@@ -152,10 +152,21 @@ def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> HomeFi
     }
 
 
-def control_dir() -> str:
-    """Where multiplexed client connections keep their sockets: short, whatever the state
-    directory (a socket path must fit in 108 bytes); %C makes each connection's name unique."""
-    return "/tmp"
+#: Where multiplexed client connections keep their sockets: short, whatever the state
+#: directory (a unix socket path must fit in 104 bytes on macOS, 108 on Linux).
+CONTROL_DIR = "/tmp"
+
+
+def control_path(token: str | None = None) -> str:
+    """This launch's ControlPath: ``/tmp/psky-<token>-%C``, 61 bytes (ssh adds 17 while it
+    binds).  ``%C`` hashes only local host, remote host, port and user, which two clusters of
+    one name share (the head is ``<name>-head`` in every namespace and context, or in a
+    second state directory), so they would share one master and one cluster's commands would
+    run on the other's nodes.  The random per-launch token keeps them apart, and also makes
+    the path unguessable to other users of /tmp."""
+    import secrets
+
+    return f"{CONTROL_DIR}/psky-{token or secrets.token_hex(5)}-%C"
 
 
 def start_master(ssh_config_path: Path, cluster: str) -> None:
@@ -220,7 +231,7 @@ def write_client_files(
     cfg = cluster_dir / "ssh_config"
     cfg.write_text(
         ssh_config.render(
-            entries, identity_file=str(key), known_hosts=str(kh), control_dir=control_dir() if multiplex else None
+            entries, identity_file=str(key), known_hosts=str(kh), control_path=control_path() if multiplex else None
         )
     )
     return cfg

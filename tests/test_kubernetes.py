@@ -360,3 +360,53 @@ def test_a_shared_directory_on_a_claim_is_shared_by_every_pod(home: Path, emu3: 
     assert ours(emu3, "k8s-rwx") == []
     # Its directory in the claim was emptied before its pods went; the claim itself stays.
     assert list((emu3.server.instance_dir / "claims" / "default" / "team-rwx" / "k8s-rwx").iterdir()) == []
+
+
+def test_each_pod_sees_its_own_host_key_and_no_other(home: Path, emu3: Emulator):
+    with launch(emu3, "k8s-keys", num_nodes=3) as c:
+        res = c.run(f"ls {manifests.SECRET_MOUNT}")
+        assert res.returncode == 0, res.output
+        for rank, r in enumerate(res.ranks):
+            files = r.stdout.split()
+            assert [f for f in files if f.startswith("host_key_")] == [f"host_key_{rank}"], files
+            assert {"authorized_keys", "id_ed25519", "agent.pyz", "sshd_config"} <= set(files), files
+    assert ours(emu3, "k8s-keys") == []
+
+
+def test_same_named_clusters_in_two_namespaces_each_reach_their_own_pods(tmp_path: Path, emu3: Emulator):
+    """Both up at once, each launched from a state directory of its own: each ssh config's
+    master reaches its own pods (one ControlPath for both sent B's commands to A's head)."""
+    from pytest_sky.state import StateStore
+
+    api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+    api.create_namespace({"metadata": {"name": "psky-twin"}})
+    clusters: list[pytest_sky.Cluster] = []
+    try:
+        for namespace, state in (("default", "a"), ("psky-twin", "b")):
+            clusters.append(
+                pytest_sky.launch(
+                    num_nodes=2,
+                    name="k8s-twin",
+                    backend="kubernetes",
+                    backend_options={"kubeconfig": str(emu3.kubeconfig_path), "namespace": namespace},
+                    store=StateStore(tmp_path / state),
+                )
+            )
+        for c in clusters:
+            key = Path(c.ssh_config).parent / "id_ed25519"
+            pub = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, check=True)
+            for alias in ("k8s-twin", "k8s-twin-worker1"):
+                got = subprocess.run(
+                    ["ssh", "-F", c.ssh_config, alias, "cat .ssh/authorized_keys"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+                assert pub.stdout.split()[1] in got.stdout, f"{alias} of {c.ssh_config}: {got.stdout}{got.stderr}"
+            assert c.run("true").returncode == 0
+    finally:
+        for c in reversed(clusters):
+            c.down()
+        api.delete_namespace("psky-twin")
+    assert ours(emu3, "k8s-twin") == []

@@ -13,6 +13,7 @@ from pytest_sky.backends import kube_manifests
 from pytest_sky.ssh import sshd
 
 # What the local backend's sshd_config("198.18.0.2", <key>, PATH) wrote before the renderer.
+# (KexAlgorithms since: only names OpenSSH 7.4 knows.)
 LOCAL = """\
 ListenAddress 198.18.0.2:22
 HostKey /state/clusters/c/nodes/0/ssh_host_ed25519_key
@@ -31,7 +32,7 @@ MaxStartups 100:30:200
 MaxSessions 100
 X11Forwarding no
 AllowAgentForwarding no
-KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com
+KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256
 ClientAliveInterval 5
 ClientAliveCountMax 3
 SetEnv PATH=/opt/venv/bin:/usr/bin:/bin
@@ -57,7 +58,7 @@ MaxStartups 100:30:200
 MaxSessions 100
 AllowAgentForwarding no
 X11Forwarding no
-KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com
+KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256
 ClientAliveInterval 5
 ClientAliveCountMax 3
 SetEnv PATH=/usr/local/bin:/usr/bin:/bin
@@ -159,3 +160,90 @@ def test_sshd_accepts_each_config_as_intended(backend: str, tmp_path: Path) -> N
     else:
         assert "port 22" in effective and "hostkey /run/pytest-sky/ssh_host_ed25519_key" in effective
         assert "pidfile /run/pytest-sky/sshd.pid" in effective
+
+
+# Every key exchange OpenSSH 7.4 (the oldest we support: Ubuntu 18.04, RHEL 7) knows: its
+# kex.c ``kexalgs`` table.  ssh and sshd refuse a whole config ("Bad SSH2 KexAlgorithms") that
+# names one outside it, so a newer name (sntrup761x25519-sha512@openssh.com is 8.5+) would
+# stop every node with an older image's sshd, and every client with an older ssh.
+OPENSSH_7_4_KEX = {
+    "diffie-hellman-group1-sha1",
+    "diffie-hellman-group14-sha1",
+    "diffie-hellman-group14-sha256",
+    "diffie-hellman-group16-sha512",
+    "diffie-hellman-group18-sha512",
+    "diffie-hellman-group-exchange-sha1",
+    "diffie-hellman-group-exchange-sha256",
+    "ecdh-sha2-nistp256",
+    "ecdh-sha2-nistp384",
+    "ecdh-sha2-nistp521",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+}
+# Options that name algorithms; a new one needs its 7.4 set here before a config may use it.
+ALGORITHM_OPTIONS = {"kexalgorithms": OPENSSH_7_4_KEX}
+ALGORITHM_WORDS = ("algorithms", "ciphers", "macs", "keytypes")
+
+
+def every_rendered_config() -> dict[str, str]:
+    """Each config we write: both sshds, the client's and the nodes' own."""
+    from pytest_sky import bootstrap
+    from pytest_sky.cluster_info import NodeInfo, SshRoute
+    from pytest_sky.ssh import config as ssh_config
+    from pytest_sky.ssh.keys import ClusterKeys
+
+    nodes = [
+        NodeInfo(rank=r, name=f"n{r}", hostname=f"c-n{r}", ip=f"198.18.0.{r + 2}", route=SshRoute(f"198.18.0.{r + 2}"))
+        for r in range(2)
+    ]
+    keys = ClusterKeys.generate("c", 2)
+    client = ssh_config.render(
+        [ssh_config.HostEntry(alias="c", hostname="c-n0", proxy_command="proxy")],
+        identity_file="/k",
+        known_hosts="/kh",
+    )
+    return {
+        "local sshd": local_config(),
+        "pod sshd": pod_config(),
+        "client": client,
+        "node": bootstrap.peer_files("c", nodes, keys)[".ssh/config"][0].decode(),
+    }
+
+
+def test_every_algorithm_named_is_one_openssh_7_4_knows_fast_one_first() -> None:
+    for where, text in every_rendered_config().items():
+        named = {}
+        for line in text.splitlines():
+            word, _, value = line.strip().partition(" ")
+            if any(w in word.lower() for w in ALGORITHM_WORDS):
+                assert word.lower() in ALGORITHM_OPTIONS, f"{where}: {word} has no OpenSSH 7.4 set to check against"
+                named[word.lower()] = value.split(",")
+        assert named["kexalgorithms"][0] == "curve25519-sha256", where
+        for option, names in named.items():
+            unknown = set(names) - ALGORITHM_OPTIONS[option]
+            assert not unknown, f"{where}: {option} names {sorted(unknown)}, which OpenSSH 7.4 rejects"
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_two_launches_of_one_name_never_share_an_ssh_master(tmp_path: Path) -> None:
+    """Two clusters of one name (two namespaces or contexts, two state directories) have the
+    same head name and port: ssh's ``%C`` alone gave them one ControlPath, so the second
+    cluster's commands ran on the first one's head through its master."""
+    from pytest_sky import bootstrap
+    from pytest_sky.cluster_info import NodeInfo, SshRoute
+    from pytest_sky.ssh.keys import ClusterKeys
+
+    route = SshRoute(hostname="twin-head", proxy_command="python -m pytest_sky.ssh.kube_proxy --pod twin-head")
+    nodes = [NodeInfo(rank=0, name="head", hostname="twin-head", ip="10.0.0.5", route=route)]
+    paths = []
+    for launch in ("a", "b"):
+        (tmp_path / launch).mkdir()
+        cfg = bootstrap.write_client_files(
+            tmp_path / launch, "twin", nodes, ClusterKeys.generate("twin", 1), multiplex=True
+        )
+        out = subprocess.run(["ssh", "-G", "-F", str(cfg), "twin"], capture_output=True, text=True, check=True)
+        (path,) = [line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith("controlpath ")]
+        paths.append(path)
+        # ssh binds "<path>.<16 random chars>" first; macOS allows 104 bytes, Linux 108.
+        assert len(path.encode()) + 17 < 104, path
+    assert paths[0] != paths[1], paths

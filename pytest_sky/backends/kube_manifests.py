@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_sky import naming
@@ -26,6 +27,27 @@ DEFAULT_CPUS = 2.0
 DEFAULT_MEMORY_GB = 8.0
 #: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.
 SSHD_CONFIG_KEY = "sshd_config"
+#: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
+SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", "agent.pyz", SSHD_CONFIG_KEY)
+HOST_KEY_PREFIX = "host_key_"
+#: What sshd and the image's package manager need of root, and no more: privilege separation
+#: chroots (SYS_CHROOT) and drops to its user (SETUID, SETGID), port 22 (NET_BIND_SERVICE),
+#: login records (AUDIT_WRITE, fatal without it in sshd built with Linux audit), and apt/dpkg
+#: at start-up own and chmod files of other users (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL).
+#: Every one is in PodSecurity "baseline"'s allowed list; naming them also gives sshd
+#: SYS_CHROOT and AUDIT_WRITE where the runtime's default set lacks them (CRI-O).
+CAPABILITIES = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+)
 
 # The container's first process: sshd from the Secret's keys.  Everything it writes goes to
 # $HOME or /run, never to other paths of the image (the emulator's pods share a disk).
@@ -142,6 +164,37 @@ def container_resources(resources: Resources) -> dict:
     return out
 
 
+def host_key(rank: int) -> str:
+    return f"{HOST_KEY_PREFIX}{rank}"
+
+
+def secret_items(rank: int, keys: Iterable[str] | None = None) -> list[dict]:
+    """The Secret's keys pod ``rank`` mounts: every shared one and its own host key, never a
+    peer's (a pod that could read every host key could impersonate any node to the others).
+    ``keys`` are the Secret's keys (default: :data:`SHARED_SECRET_KEYS` and the host keys)."""
+    keys = SHARED_SECRET_KEYS if keys is None else tuple(keys)
+    own = host_key(rank)
+    wanted = sorted({k for k in keys if not k.startswith(HOST_KEY_PREFIX)} | {own})
+    return [{"key": k, "path": k} for k in wanted]
+
+
+def secret_volume(cluster: str, rank: int, keys: Iterable[str] | None = None) -> dict:
+    items = secret_items(rank, keys)
+    return {"name": "ssh-keys", "secret": {"secretName": secret_name(cluster), "defaultMode": 0o400, "items": items}}
+
+
+def security_context() -> dict:
+    """Passes PodSecurity "baseline", not "restricted": sshd runs as root (it logs in as root
+    and its privilege separation chroots and changes user), which "restricted" forbids."""
+    return {
+        "runAsUser": 0,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": list(CAPABILITIES)},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 @dataclass(frozen=True)
 class SharedVolume:
     """The cluster's shared directory on Kubernetes: a directory of its own (``subPath``, the
@@ -152,8 +205,15 @@ class SharedVolume:
 
 
 def pod(
-    cluster: str, rank: int, namespace: str, image: str, resources: Resources, shared: SharedVolume | None = None
+    cluster: str,
+    rank: int,
+    namespace: str,
+    image: str,
+    resources: Resources,
+    shared: SharedVolume | None = None,
+    secret_keys: Iterable[str] | None = None,
 ) -> dict:
+    """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`)."""
     spec: dict = {
         "hostname": pod_name(cluster, rank),
         "subdomain": cluster,
@@ -183,10 +243,11 @@ def pod(
                 "env": [{"name": "PSKY_RANK", "value": str(rank)}],
                 "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
                 "resources": container_resources(resources),
+                "securityContext": security_context(),
                 "volumeMounts": [{"name": "ssh-keys", "mountPath": SECRET_MOUNT, "readOnly": True}],
             }
         ],
-        "volumes": [{"name": "ssh-keys", "secret": {"secretName": secret_name(cluster), "defaultMode": 0o400}}],
+        "volumes": [secret_volume(cluster, rank, secret_keys)],
     }
     if resources.accelerators is not None:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -223,13 +223,14 @@ class KubernetesBackend(Backend):
             manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
         }
         for rank, key in enumerate(config.keys.hosts):
-            files[f"host_key_{rank}"] = key.private_openssh
+            files[manifests.host_key(rank)] = key.private_openssh
         shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
         try:
             api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
             api.create_namespaced_service(ns, manifests.service(name, ns))
             for rank in range(config.num_nodes):
-                api.create_namespaced_pod(ns, manifests.pod(name, rank, ns, self.image, config.resources, shared))
+                pod = manifests.pod(name, rank, ns, self.image, config.resources, shared, secret_keys=files)
+                api.create_namespaced_pod(ns, pod)
         except ApiException as exc:
             self._cleanup(name, journal)
             if exc.status == 403:

@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: curve25519 first: the default sntrup761 hybrid costs tens of milliseconds per handshake.
-KEX = "curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com"
+#: The key exchanges both ends offer, fast one first (the sntrup761 hybrid that newer OpenSSH
+#: prefers costs tens of milliseconds per handshake).  Every name is one OpenSSH 7.4 knows
+#: (Ubuntu 18.04, RHEL 7): ssh and sshd refuse a config naming one they do not, so the hybrids
+#: (sntrup761, 8.5+; mlkem768, 9.9+) cannot be listed "in case".  ECDH P-256 and DH group 14
+#: are the fallbacks of a build without curve25519 (FIPS mode).
+KEX = "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256"
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class HostEntry:
     host_key_alias: str | None = None  # check the host key under this name, whatever we dial
 
 
-def _common(identity_file: str, known_hosts: str, control_dir: str | None) -> list[str]:
+def _common(identity_file: str, known_hosts: str, control_path: str | None) -> list[str]:
     lines = [
         f"  IdentityFile {identity_file}",
         "  IdentitiesOnly yes",
@@ -43,11 +47,11 @@ def _common(identity_file: str, known_hosts: str, control_dir: str | None) -> li
         "  ServerAliveCountMax 3",
         "  ConnectTimeout 20",
     ]
-    if control_dir:
+    if control_path:
         # Several clients racing to become the master is safe: losers connect directly.
         lines += [
             "  ControlMaster auto",
-            f"  ControlPath {control_dir}/psky-cm-%C",
+            f"  ControlPath {control_path}",
             "  ControlPersist 600",
         ]
     return lines
@@ -58,12 +62,14 @@ def render(
     *,
     identity_file: str,
     known_hosts: str,
-    control_dir: str | None = None,
+    control_path: str | None = None,
     extra_patterns: Sequence[str] = (),
 ) -> str:
     """One ``Host`` block per node, then the shared settings under ``Host`` patterns.
 
-    ``extra_patterns`` adds hosts the shared settings apply to (on nodes: ``*``, so a bare
+    ``control_path`` (multiplexing on) must name this launch alone: ssh's ``%C`` hashes only
+    the host, port and user, which two same-named clusters share (see
+    ``bootstrap.control_path``).  ``extra_patterns`` adds hosts the shared settings apply to (on nodes: ``*``, so a bare
     worker IP picks up the key and known_hosts too).
     """
     out = ["# Written by pytest-sky; regenerated on every launch.", ""]
@@ -88,6 +94,6 @@ def render(
         if p not in seen:
             seen.append(p)
     out.append(f"Host {' '.join(seen)}")
-    out += _common(identity_file, known_hosts, control_dir)
+    out += _common(identity_file, known_hosts, control_path)
     out.append("")
     return "\n".join(out)
