@@ -48,6 +48,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             "matplotlib expecttest; a missing one is reported in its row"
         ),
     )
+    p.add_argument(
+        "--shared-clusters",
+        action="store_true",
+        help=(
+            'also measure a module of 10 multinode tests with scope="module" against the same tests with a '
+            "cluster each, on the Kubernetes backend (API emulator); part of --peers too (a few minutes)"
+        ),
+    )
     return p.parse_args(argv)
 
 
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = sections.Plan.quick() if args.quick else sections.Plan.full()
     mode = ("quick" if args.quick else "full") + (", peers" if args.peers else "")
+    mode += ", shared clusters" if args.shared_clusters and not args.peers else ""
     namer = sections.Namer()
     machine = Machine.detect()
     figures: list[Figure] = []
@@ -115,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             ("peers: ssh fan-out", lambda: peers.fanout(peer_plan, namer)),
             ("peers: ssh concurrency, kubernetes", lambda: peers.kube_concurrency(peer_plan, namer, figures)),
         ]
+    if args.peers or args.shared_clusters:
+        from bench.shared_clusters import SECTION, shared_clusters
+
+        steps.append((SECTION, lambda: shared_clusters(args.quick)))
     try:
         for name, step in steps:
             try:
