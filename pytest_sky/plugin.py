@@ -186,33 +186,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             )
 
 
-def _backend_has_gpu(settings: Settings) -> bool:
+def _backend_gpu_absence(settings: Settings) -> str | None:
+    """None where the backend has a GPU, else why not (the GPU tests' skip reason)."""
     from pytest_sky.backends import get_backend
     from pytest_sky.errors import SkyError
 
     try:
-        return get_backend(settings.backend, **settings.backend_options()).has_gpus()
-    except SkyError:
-        return False  # the backend is unusable; its tests fail with the reason on their own
+        backend = get_backend(settings.backend, **settings.backend_options())
+        return None if backend.has_gpus() else backend.gpus_unseen()
+    except SkyError:  # the backend is unusable; its tests fail with the reason on their own
+        return f"the {settings.backend} backend has none on this machine"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Backend-dependent skips, as markers: the report then points at the test, with the reason."""
     settings = config.stash[_state_key].settings
     on_k8s = settings.backend == "kubernetes"
-    has_gpu: bool | None = None
+    no_gpu: str | None = ""  # "": not asked yet
     for item in items:
         if item.get_closest_marker("kubernetes") and not on_k8s:
             item.add_marker(pytest.mark.skip(reason="runs only on the Kubernetes backend (--kubernetes)"))
         if item.get_closest_marker("no_kubernetes") and on_k8s:
             item.add_marker(pytest.mark.skip(reason="not supported on the Kubernetes backend"))
         if item.get_closest_marker("gpu"):
-            if has_gpu is None:
-                has_gpu = _backend_has_gpu(settings)
-            if not has_gpu:
-                item.add_marker(
-                    pytest.mark.skip(reason=f"needs a GPU; the {settings.backend} backend has none on this machine")
-                )
+            if no_gpu == "":
+                no_gpu = _backend_gpu_absence(settings)
+            if no_gpu is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs a GPU; {no_gpu}"))
 
 
 @pytest.hookimpl(wrapper=True)

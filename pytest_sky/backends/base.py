@@ -102,6 +102,10 @@ class Backend(ABC):
         """Whether this backend can run a GPU task at all (the ``gpu`` marker asks)."""
         return False
 
+    def gpus_unseen(self) -> str:
+        """Why :meth:`has_gpus` said no (after it did), for the skip reason of GPU tests."""
+        return f"the {self.name} backend has none on this machine"
+
     @abstractmethod
     def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
         """Refuse a request this backend can never satisfy, before anything is created."""

@@ -24,6 +24,7 @@ from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, Provisio
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
 from pytest_sky.resources import Resources
+from pytest_sky.ssh import kube_proxy
 from pytest_sky.state import Journal
 
 if TYPE_CHECKING:
@@ -35,16 +36,16 @@ READY_TIMEOUT = 600.0  # seconds; PYTEST_SKY_KUBE_TIMEOUT (pytest_sky.settings) 
 FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "InvalidImageName", "CreateContainerError"}
 
 
-def _api_message(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            import json
+def _api_message(exc: BaseException) -> str:
+    """The one line for an API refusal, plain or of a websocket (exec, port-forward): an RBAC
+    denial names the missing verb and resource and how to grant them (the shipped Role),
+    anything else is the server's own message.  Refusals of other kinds get their own
+    mapping beside this one, on top of it."""
+    return kube_proxy.describe_refusal(exc)
 
-            return json.loads(body).get("message") or str(body)
-        except (ValueError, AttributeError):
-            return str(body)[:300]
-    return str(exc).splitlines()[0][:300]
+
+def _is_rbac_denial(exc: BaseException) -> bool:
+    return kube_proxy.rbac_line(kube_proxy.refusal_message(exc)) is not None
 
 
 class KubernetesBackend(Backend):
@@ -72,6 +73,7 @@ class KubernetesBackend(Backend):
         self._cfg: object = None
         self.namespace = self.requested_namespace or "default"
         self.in_cluster = False
+        self._gpus_unseen = ""
 
     # -- connection ------------------------------------------------------------------------
 
@@ -188,14 +190,23 @@ class KubernetesBackend(Backend):
         )
 
     def has_gpus(self) -> bool:
-        """Any node with allocatable nvidia.com/gpu; a context that may not list nodes: assume so."""
+        """Any node with allocatable nvidia.com/gpu.  A context that may not list nodes (a
+        namespaced Role cannot grant it) sees none: GPU tests then skip, saying so, rather
+        than fail on a cluster that may have no GPU at all."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             nodes = self.api().list_node(_request_timeout=30).items
-        except ApiException:
-            return True
+        except ApiException as exc:
+            self._gpus_unseen = (
+                f"kube context {self.context!r} may not list nodes ({exc.status} {exc.reason}), so no GPU "
+                "is visible: grant list on nodes (a ClusterRole) to run GPU tests"
+            )
+            return False
         return any(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0") or 0) > 0 for n in nodes)
+
+    def gpus_unseen(self) -> str:
+        return self._gpus_unseen or super().gpus_unseen()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -251,6 +262,9 @@ class KubernetesBackend(Backend):
                 region=self.context,
                 zone=ns,
             )
+        except ApiException as exc:  # e.g. no permission to list or watch pods
+            self._cleanup(name, journal)
+            raise ProvisionError(f"waiting for the pods of {name}: {_api_message(exc)}") from None
         except BaseException:
             self._cleanup(name, journal)
             raise
@@ -426,7 +440,7 @@ class KubernetesBackend(Backend):
             try:
                 code, out = self.exec(node.hostname, command)
             except Exception as exc:  # noqa: BLE001 - a pod that died under us refuses the exec: say so
-                errors[node.hostname] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                errors[node.hostname] = _api_message(exc)
                 return
             if code != 0:
                 errors[node.hostname] = out.strip()[-300:] or f"exit {code}"
@@ -456,8 +470,6 @@ class KubernetesBackend(Backend):
 
     def _wait_banners(self, pods: list[str]) -> None:
         """Ready means every pod's sshd has sent its banner through a port-forward."""
-        from pytest_sky.ssh.kube_proxy import read_banner
-
         deadline = time.monotonic() + self.ready_timeout
         errors: dict[str, str] = {}
 
@@ -465,9 +477,12 @@ class KubernetesBackend(Backend):
             last = ""
             while time.monotonic() < deadline:
                 try:
-                    read_banner(self.stream_api(), self.namespace, pod, timeout=10)
+                    kube_proxy.read_banner(self.stream_api(), self.namespace, pod, timeout=10)
                     return
                 except Exception as exc:  # noqa: BLE001 - sshd still starting: keep asking
+                    if _is_rbac_denial(exc):  # asking again will not help
+                        errors[pod] = f"pod {pod}: {_api_message(exc)}"
+                        return
                     last = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
                 try:  # a container that died will never answer: say so now, not at the deadline
                     self._check_pod(self.api().read_namespaced_pod(pod, self.namespace))

@@ -7,18 +7,72 @@ handed to ssh only after the pod's SSH banner has arrived through it: ready by c
 where ``kubectl port-forward`` gives no signal at all (the race SkyPilot papered over with a
 random sleep).  Importing the kubernetes client costs most of a second, so the generated ssh
 config multiplexes (ControlMaster): bursts of connections reuse one proxy.
+
+It also reads the API server's refusals (:func:`refusal_message`), for itself and for the
+backend: a refused websocket (exec, port-forward) arrives as an ``ApiException`` with status
+0 and the handshake's status line, headers and ``Status`` body in its reason, and an RBAC
+403 names the verb and resource that were missing (:func:`rbac_line` says how to grant it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import select
 import sys
 import time
 from typing import Any
 
 BANNER_TIMEOUT = 30.0
+#: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
+RBAC_ROLE_FILE = "examples/kubernetes/rbac.yaml"
+_FORBIDDEN = re.compile(
+    r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]+)" in API group "(?P<group>[^"]*)" '
+    r'(?:in the namespace "(?P<namespace>[^"]*)"|at the cluster scope)'
+)
+_HANDSHAKE = re.compile(r"Handshake status (\d+)")
+
+
+def refusal_message(exc: BaseException) -> str:
+    """The API server's own message for a refused request (its ``Status.message``), from a
+    plain ``ApiException`` or a refused websocket handshake; else the exception's first line."""
+    body = getattr(exc, "body", None)
+    reason = str(getattr(exc, "reason", "") or "")
+    if not body and _HANDSHAKE.match(reason):
+        body = reason.rsplit(" -+-+- ", 1)[-1]
+    if body:
+        try:
+            return str(json.loads(body).get("message") or body)[:500]
+        except (ValueError, AttributeError):
+            return str(body)[:300]
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+def rbac_line(message: str) -> str | None:
+    """For an RBAC denial (the API server's message names user, verb and resource): which
+    verb on which resource is missing and how to grant it, in one line; None for any other."""
+    m = _FORBIDDEN.search(message)
+    if m is None:
+        return None
+    resource = m["resource"] + (f" (API group {m['group']})" if m["group"] else "")
+    if m["namespace"] is None:
+        return (
+            f'User "{m["user"]}" may not {m["verb"]} {resource} at the cluster scope (403 Forbidden): '
+            "a Role cannot grant that; ask your cluster admin for a ClusterRole with it"
+        )
+    ns = m["namespace"]
+    return (
+        f'User "{m["user"]}" may not {m["verb"]} {resource} in namespace "{ns}" (403 Forbidden): '
+        f"grant the Role pytest-sky needs, kubectl apply -n {ns} -f {RBAC_ROLE_FILE}, and bind it to that user"
+    )
+
+
+def describe_refusal(exc: BaseException) -> str:
+    """One line for a refused request: the RBAC advice where it is one, else the server's message."""
+    message = refusal_message(exc)
+    return rbac_line(message) or message
 
 
 def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
@@ -106,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         sock = pf.socket(args.port)
         banner = _read_line(sock, BANNER_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - ssh shows our stderr: one line, then exit 255 like ssh
-        sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {exc}\n")
+        reason = describe_refusal(exc)
+        sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
         return 255
     if not banner.startswith(b"SSH-"):
         sys.stderr.write(f"pytest-sky proxy: {args.pod}:{args.port} did not answer with an SSH banner\n")

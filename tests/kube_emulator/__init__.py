@@ -13,6 +13,8 @@ node of the local backend.  Layout:
   plumbing, reaping a SIGKILLed emulator's leftovers.
 - ``streams.py``: the exec and port-forward WebSocket channel protocols.
 - ``store.py``: objects, resourceVersions and watch fan-out.
+- ``rbac.py``: Role-shaped rules per token, matched as the real RBAC authorizer matches
+  them, with the exec/port-forward websocket verbs of the chosen Kubernetes version.
 - ``selectors.py``, ``faults.py``: label/field selectors; injected faults.
 
 Run it as a process with ``python -m tests.kube_emulator --kubeconfig PATH``.
@@ -27,6 +29,10 @@ from tests.kube_emulator.server import (
     CONTEXT,
     NOBODY_TOKEN,
     READONLY_TOKEN,
+    ROLE_CONTEXT,
+    ROLE_TOKEN,
+    ROLE_USER,
+    SHIPPED_ROLE,
     Emulator,
     EmulatorServer,
     default_state_dir,
@@ -37,6 +43,10 @@ __all__ = [
     "CONTEXT",
     "NOBODY_TOKEN",
     "READONLY_TOKEN",
+    "ROLE_CONTEXT",
+    "ROLE_TOKEN",
+    "ROLE_USER",
+    "SHIPPED_ROLE",
     "ClusterConfig",
     "Emulator",
     "EmulatorServer",

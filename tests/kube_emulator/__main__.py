@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from pytest_sky.errors import SkyError
-from tests.kube_emulator.cluster import ClusterConfig
+from tests.kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
 from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.server import EmulatorServer, default_state_dir
+from tests.kube_emulator.server import CONTEXT, CONTEXTS, SHIPPED_ROLE, EmulatorServer, default_state_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +37,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu-taint", action="store_true", help="taint GPU nodes nvidia.com/gpu=present:NoSchedule (as GKE does)"
     )
     p.add_argument("--mtu", type=int, default=65535, help="MTU of the pods' veths (default 65535)")
+    p.add_argument(
+        "--kube-version",
+        default=KUBERNETES_VERSION,
+        help=f"the Kubernetes version served (default {KUBERNETES_VERSION}); from 1.35 exec and port-forward "
+        "websockets need create as well as get",
+    )
+    p.add_argument(
+        "--role", type=Path, default=None, metavar="FILE", help=f"the Role of the role context (default {SHIPPED_ROLE})"
+    )
+    p.add_argument(
+        "--current-context",
+        default=CONTEXT,
+        choices=CONTEXTS,
+        help=f"the kubeconfig's current context (default {CONTEXT}, the admin)",
+    )
     p.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="default: a free port")
@@ -74,6 +89,7 @@ async def serve(args: argparse.Namespace) -> None:
         memory_per_node=args.memory_per_node,
         gpu_taint=args.gpu_taint,
         mtu=args.mtu,
+        kube_version=args.kube_version,
     )
     server = EmulatorServer(
         config,
@@ -82,6 +98,8 @@ async def serve(args: argparse.Namespace) -> None:
         kubeconfig_path=args.kubeconfig.absolute(),
         host=args.host,
         port=args.port,
+        role=args.role,
+        current_context=args.current_context,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

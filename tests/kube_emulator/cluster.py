@@ -218,6 +218,8 @@ class ClusterConfig:
     memory_per_node: str = "64Gi"
     gpu_taint: bool = False
     mtu: int = 65535
+    #: What ``/version`` and the nodes report, and which RBAC rules of streams apply (rbac.py).
+    kube_version: str = KUBERNETES_VERSION
 
 
 class Cluster:
@@ -309,8 +311,8 @@ class Cluster:
                     "bootID": "",
                     "containerRuntimeVersion": "pytest-sky-emulator://0.1",
                     "kernelVersion": _kernel(),
-                    "kubeProxyVersion": KUBERNETES_VERSION,
-                    "kubeletVersion": KUBERNETES_VERSION,
+                    "kubeProxyVersion": self.config.kube_version,
+                    "kubeletVersion": self.config.kube_version,
                     "machineID": "",
                     "operatingSystem": "linux",
                     "osImage": "pytest-sky kube emulator",

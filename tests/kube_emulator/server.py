@@ -6,9 +6,14 @@ token, authorizes the verb, and dispatches to :class:`~tests.kube_emulator.clust
 Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
 them into its one-line messages.
 
-Tokens (all in the generated kubeconfig, one context each): the admin token (random) may do
-anything; ``readonly`` may get/list/watch only (403 on everything else); ``nobody`` is
-authenticated but may do nothing beyond discovery; any other token gets 401.
+Tokens (all in the generated kubeconfig, one context each), authorized by
+:mod:`tests.kube_emulator.rbac` with the real RBAC matching rules: the admin token (random)
+may do anything (and only it reaches the admin endpoints and fault injection); ``role`` is
+the ServiceAccount ``pytest-sky`` bound to the Role of ``examples/kubernetes/rbac.yaml`` (or
+``--role FILE``) in its namespace; ``readonly`` holds a ClusterRole of get/list/watch on
+every resource (subresources included, as ``*`` grants on a real cluster); ``nobody`` is
+authenticated but may do nothing beyond discovery; any other token gets 401.  The verb of
+an exec or port-forward websocket depends on ``kube_version`` (see the rbac module).
 
 :class:`EmulatorServer` is the async core (used by ``python -m tests.kube_emulator``);
 :class:`Emulator` runs it on a background thread for in-process use::
@@ -44,6 +49,19 @@ from tests.kube_emulator.cluster import (
 )
 from tests.kube_emulator.faults import Faults
 from tests.kube_emulator.kubelet import reap_leftovers
+from tests.kube_emulator.rbac import (
+    Authorizer,
+    Decision,
+    Forbidden,
+    Grant,
+    PolicyRule,
+    Request,
+    Subject,
+    connect_verbs,
+    load_grants,
+    load_grants_file,
+    parse_version,
+)
 from tests.kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
 from tests.kube_emulator.store import Expired, Watcher
 from tests.kube_emulator.streams import handle_exec, handle_portforward
@@ -52,8 +70,15 @@ log = logging.getLogger(__name__)
 
 READONLY_TOKEN = "readonly"
 NOBODY_TOKEN = "nobody"
+ROLE_TOKEN = "role"
 BAD_TOKEN = "invalid-token"
 CONTEXT = "kube-emulator"
+ROLE_CONTEXT = f"{CONTEXT}-role"
+ROLE_USER = "system:serviceaccount:default:pytest-sky"
+#: The Role the ``role`` token holds unless another is given: the one the project ships.
+SHIPPED_ROLE = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "rbac.yaml"
+CONTEXTS = (CONTEXT, ROLE_CONTEXT, f"{CONTEXT}-readonly", f"{CONTEXT}-nobody", f"{CONTEXT}-badtoken")
+READONLY_RULES = (PolicyRule(verbs=("get", "list", "watch"), api_groups=("*",), resources=("*",)),)
 T = TypeVar("T")
 
 
@@ -90,6 +115,8 @@ class EmulatorServer:
         kubeconfig_path: Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        role: Path | None = None,
+        current_context: str = CONTEXT,
     ) -> None:
         self.config = config or ClusterConfig()
         self.faults = faults or Faults()
@@ -99,6 +126,15 @@ class EmulatorServer:
         self.host = host
         self.port = port
         self.token = secrets.token_hex(16)
+        self.kube_version = self.config.kube_version
+        self.authorizer = Authorizer(self.kube_version)
+        self.authorizer.bind(self.token, "admin", None)
+        self.authorizer.bind(ROLE_TOKEN, ROLE_USER, load_grants_file(role or SHIPPED_ROLE))
+        self.authorizer.bind(READONLY_TOKEN, "system:serviceaccount:default:readonly", [Grant(READONLY_RULES)])
+        self.authorizer.bind(NOBODY_TOKEN, "system:serviceaccount:default:nobody", [])
+        if current_context not in CONTEXTS:
+            raise ValueError(f"current context {current_context!r}: expected one of {', '.join(CONTEXTS)}")
+        self.current_context = current_context
         self.cluster = Cluster(self.config, self.faults, self.instance_dir)
         self.cluster.kubelet.kubeconfig = str(self.kubeconfig_path)
         self._runner: web.AppRunner | None = None
@@ -145,14 +181,17 @@ class EmulatorServer:
             "emulator-admin": self.token,
             "emulator-readonly": READONLY_TOKEN,
             "emulator-nobody": NOBODY_TOKEN,
+            "emulator-role": ROLE_TOKEN,
             "emulator-badtoken": BAD_TOKEN,
         }
         contexts = {
             CONTEXT: "emulator-admin",
+            ROLE_CONTEXT: "emulator-role",
             f"{CONTEXT}-readonly": "emulator-readonly",
             f"{CONTEXT}-nobody": "emulator-nobody",
             f"{CONTEXT}-badtoken": "emulator-badtoken",
         }
+        assert set(contexts) == set(CONTEXTS)
         return {
             "apiVersion": "v1",
             "kind": "Config",
@@ -162,7 +201,7 @@ class EmulatorServer:
                 {"name": c, "context": {"cluster": CONTEXT, "user": u, "namespace": "default"}}
                 for c, u in contexts.items()
             ],
-            "current-context": CONTEXT,
+            "current-context": self.current_context,
             "preferences": {},
         }
 
@@ -219,7 +258,7 @@ class EmulatorServer:
         path = request.path.rstrip("/") or "/"
         try:
             if path == "/version":
-                return _json(_version())
+                return _json(_version(self.kube_version))
             if path in ("/healthz", "/livez", "/readyz"):
                 return web.Response(text="ok")
             user = self._authenticate(request)
@@ -252,35 +291,35 @@ class EmulatorServer:
             log.exception("kube emulator: %s %s failed", request.method, request.path)
             return _json(ApiError(500, "InternalError", f"kube emulator bug: {exc!r}").status(), 500)
 
-    def _authenticate(self, request: web.Request) -> str:
+    def _authenticate(self, request: web.Request) -> Subject:
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        if token == self.token:
-            return "admin"
-        if token == READONLY_TOKEN:
-            return "system:serviceaccount:default:readonly"
-        if token == NOBODY_TOKEN:
-            return "system:serviceaccount:default:nobody"
-        raise ApiError(401, "Unauthorized", "Unauthorized")
+        subject = self.authorizer.authenticate(token) if token else None
+        if subject is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return subject
 
-    @staticmethod
-    def _authorize(user: str, verb: str, resource: str, namespace: str | None, name: str | None) -> None:
-        if user == "admin":
-            return
-        if user.endswith(":readonly") and verb in ("get", "list", "watch") and "/" not in resource.replace("/log", ""):
-            return
-        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-        base = resource.split("/")[0]
-        subject = f'{base} "{name}"' if name else base
-        raise ApiError(
-            403,
-            "Forbidden",
-            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "" {scope}',
-            {"name": name, "kind": base} if name else {"kind": base},
-        )
+    def _authorize(
+        self,
+        subject: Subject,
+        verbs: tuple[str, ...],
+        resource: str,
+        namespace: str | None,
+        name: str | None,
+        sub: str | None,
+    ) -> None:
+        requests = [Request(subject.user, v, resource, sub or "", namespace or "", name or "") for v in verbs]
+        try:
+            self.authorizer.authorize_all(subject, requests)
+        except Forbidden as exc:
+            raise ApiError(403, "Forbidden", str(exc), exc.details()) from None
 
-    async def _admin(self, request: web.Request, user: str, path: str) -> web.StreamResponse:
-        if user != "admin":
+    def decisions(self) -> list[Decision]:
+        """Every authorization decision so far, in order (what clients asked for)."""
+        return list(self.authorizer.decisions)
+
+    async def _admin(self, request: web.Request, user: Subject, path: str) -> web.StreamResponse:
+        if user.grants is not None:
             raise ApiError(403, "Forbidden", "the emulator's admin endpoints need the admin token")
         if path == "/emulator/faults":
             if request.method == "GET":
@@ -312,7 +351,7 @@ class EmulatorServer:
         except (ValueError, yaml.YAMLError) as exc:
             raise ApiError(400, "BadRequest", f"the body of the request could not be decoded: {exc}") from None
 
-    async def _resource(self, request: web.Request, user: str, parts: list[str]) -> web.StreamResponse:
+    async def _resource(self, request: web.Request, user: Subject, parts: list[str]) -> web.StreamResponse:
         cluster = self.cluster
         if len(parts) >= 3 and parts[0] == "namespaces":
             namespace: str | None = parts[1]
@@ -339,14 +378,15 @@ class EmulatorServer:
                 "DELETE": "deletecollection",
             }.get(method)
         elif sub in ("exec", "portforward"):
-            verb = "create" if method in ("GET", "POST") else None
+            verb = "connect" if method in ("GET", "POST") else None
         else:
             verb = {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
         if verb is None or (verb not in info.verbs and sub is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
         if info.namespaced and namespace is None and verb not in ("list", "watch"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        self._authorize(user, verb, f"{resource}/{sub}" if sub else resource, namespace, name)
+        verbs = connect_verbs(method, self.kube_version) if verb == "connect" else (verb,)
+        self._authorize(user, verbs, resource, namespace, name, sub)
         ns = namespace or ""
 
         if verb in ("list", "watch", "deletecollection"):
@@ -503,12 +543,12 @@ def _paginate(kind: str, items: list[dict[str, Any]], rv: int, query: Any) -> di
     return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items[start:end]}
 
 
-def _version() -> dict[str, str]:
-    major, minor = KUBERNETES_VERSION[1:].split(".")[:2]
+def _version(version: str) -> dict[str, str]:
+    major, minor = parse_version(version)
     return {
-        "major": major,
-        "minor": minor,
-        "gitVersion": f"{KUBERNETES_VERSION}+pytest-sky-emulator",
+        "major": str(major),
+        "minor": str(minor),
+        "gitVersion": f"{version}+pytest-sky-emulator",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2024-08-13T00:00:00Z",
@@ -546,7 +586,10 @@ class Emulator:
     """The emulator in-process, on a background thread with its own event loop.
 
     ``with Emulator(nodes=3, gpus_per_node=0) as emu: ...`` gives ``emu.kubeconfig_path``
-    (current context: admin), ``emu.url``, ``emu.token``; ``emu.set_faults(pending="x-*")``
+    (current context: admin unless ``current_context`` names another, e.g. ``ROLE_CONTEXT``),
+    ``emu.url``, ``emu.token``; ``kube_version="1.35"`` picks the RBAC rules of exec and
+    port-forward, ``role=PATH`` the Role of the role context; ``emu.decisions()`` lists every
+    authorization decision; ``emu.set_faults(pending="x-*")``
     changes faults; ``emu.pods_info()`` says where each pod lives on this machine.
     Leaving the block tears down every pod, the bridge and the state it wrote.
     """
@@ -565,6 +608,9 @@ class Emulator:
         faults: dict[str, Any] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        kube_version: str = KUBERNETES_VERSION,
+        role: Path | str | None = None,
+        current_context: str = CONTEXT,
     ) -> None:
         config = ClusterConfig(
             nodes=nodes,
@@ -573,6 +619,7 @@ class Emulator:
             memory_per_node=str(memory_per_node),
             gpu_taint=gpu_taint,
             mtu=mtu,
+            kube_version=kube_version,
         )
         fault_state = Faults()
         if faults:
@@ -584,6 +631,8 @@ class Emulator:
             kubeconfig_path=Path(kubeconfig_path) if kubeconfig_path else None,
             host=host,
             port=port,
+            role=Path(role) if role else None,
+            current_context=current_context,
         )
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -665,3 +714,13 @@ class Emulator:
 
     def pods_info(self) -> dict[str, Any]:
         return self.call(self.server.pods_info)
+
+    def decisions(self) -> list[Decision]:
+        """Every RBAC decision so far (who asked for which verb on what, and the answer)."""
+        return self.call(self.server.decisions)
+
+    def set_role(self, role_yaml: str) -> None:
+        """Bind the role context's token to the Role(s) of this YAML from now on (as editing
+        and re-applying a Role does on a real cluster)."""
+        grants = load_grants(role_yaml, "set_role")
+        self.call(lambda: self.server.authorizer.bind(ROLE_TOKEN, ROLE_USER, grants))

@@ -1,0 +1,309 @@
+"""Least privilege, proven: the shipped Role (examples/kubernetes/rbac.yaml) against the
+emulator's RBAC, which matches rules as the real authorizer does and derives the verbs of
+exec and port-forward websockets as a real API server of the chosen version does.
+
+The first tests need nothing but Python (the rule matching, the verbs, the 403 text); the
+rest launch clusters as the Role's ServiceAccount (root, like the other emulator tests).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+import pytest_sky
+from pytest_sky.backends import kube_manifests as manifests
+from pytest_sky.backends.kubernetes import KubernetesBackend
+from pytest_sky.errors import ProvisionError
+from pytest_sky.ssh import kube_proxy
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+
+from tests.kube_emulator import ROLE_CONTEXT, Emulator
+from tests.kube_emulator.rbac import (
+    Authorizer,
+    Forbidden,
+    Grant,
+    PolicyRule,
+    Request,
+    connect_verbs,
+    load_grants,
+    load_grants_file,
+    parse_version,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "examples" / "kubernetes" / "rbac.yaml"
+USER = "system:serviceaccount:default:pytest-sky"
+
+
+def req(
+    verb: str, resource: str, sub: str = "", namespace: str = "default", name: str = "", group: str = ""
+) -> Request:
+    return Request(USER, verb, resource, sub, namespace, name, group)
+
+
+def allowed(grants: tuple[Grant, ...], request: Request) -> bool:
+    return any(g.allows(request) for g in grants)
+
+
+def role_yaml(rules: list[dict[str, object]]) -> str:
+    return yaml.safe_dump({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": rules})
+
+
+def shipped_rules() -> list[dict[str, object]]:
+    (role,) = [d for d in yaml.safe_load_all(SHIPPED.read_text()) if d and d.get("kind") == "Role"]
+    return role["rules"]
+
+
+def without(verb: str, resource: str) -> str:
+    """The shipped Role less one verb on one resource (the rest of its rule kept)."""
+    rules = []
+    for rule in shipped_rules():
+        resources = list(rule["resources"])
+        if resource in resources:
+            resources.remove(resource)
+            if resources:
+                rules.append({**rule, "resources": resources})
+            rules.append({**rule, "resources": [resource], "verbs": [v for v in rule["verbs"] if v != verb]})
+        else:
+            rules.append(rule)
+    return role_yaml(rules)
+
+
+# -- the authorizer, without a cluster ------------------------------------------------------
+
+
+def test_rules_match_as_the_real_rbac_authorizer_matches_them() -> None:
+    rule = PolicyRule(verbs=("get", "create"), resources=("pods/exec",))
+    assert rule.matches(req("get", "pods", "exec", name="x"))
+    assert not rule.matches(req("get", "pods", name="x")), "a subresource grant is not one on the resource"
+    assert not PolicyRule(verbs=("get",), resources=("pods",)).matches(req("get", "pods", "exec", name="x"))
+    assert not rule.matches(req("delete", "pods", "exec", name="x"))
+    # "*" is every verb, every group, every resource and subresource; "*/exec" any resource's exec.
+    assert PolicyRule(verbs=("*",), api_groups=("*",), resources=("*",)).matches(req("delete", "pods", "exec"))
+    assert PolicyRule(verbs=("get",), resources=("*/exec",)).matches(req("get", "pods", "exec", name="x"))
+    assert not PolicyRule(verbs=("get",), resources=("*/exec",)).matches(req("get", "pods", name="x"))
+    # The API group must match: "" is the core group, "apps" is not it.
+    assert not PolicyRule(verbs=("get",), api_groups=("apps",), resources=("pods",)).matches(req("get", "pods"))
+    # resourceNames narrow to names, and so never match a request without one (create, list).
+    named = PolicyRule(verbs=("get", "create", "list"), resources=("pods",), resource_names=("a",))
+    assert named.matches(req("get", "pods", name="a"))
+    assert not named.matches(req("get", "pods", name="b"))
+    assert not named.matches(req("create", "pods"))
+    assert not named.matches(req("list", "pods"))
+
+
+def test_a_role_grants_only_in_its_namespace_and_never_at_the_cluster_scope() -> None:
+    grants = load_grants(role_yaml([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]), default_namespace="ns1")
+    assert allowed(grants, req("create", "pods", namespace="ns1"))
+    assert not allowed(grants, req("create", "pods", namespace="ns2"))
+    assert not allowed(grants, req("list", "nodes", namespace=""))
+    assert not allowed(grants, req("list", "pods", namespace="")), "a list across namespaces is cluster-scoped"
+    cluster_role = yaml.safe_dump(
+        {"kind": "ClusterRole", "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]}
+    )
+    assert allowed(load_grants(cluster_role), req("list", "nodes", namespace=""))
+
+
+def test_websocket_verbs_of_exec_and_port_forward_follow_the_version() -> None:
+    """Before 1.35 the websocket upgrade (a GET) is authorized as get; from 1.35 also as create."""
+    assert connect_verbs("GET", "1.34") == ("get",)
+    assert connect_verbs("GET", "v1.31.0") == ("get",)
+    assert connect_verbs("GET", "1.35") == ("get", "create")
+    assert connect_verbs("GET", "v1.36.2") == ("get", "create")
+    assert connect_verbs("POST", "1.34") == ("create",)  # SPDY
+    assert parse_version("v1.35.0") == (1, 35)
+    with pytest.raises(ValueError, match=r"expected MAJOR\.MINOR"):
+        parse_version("latest")
+
+
+def test_the_403_reads_like_the_real_api_servers() -> None:
+    auth = Authorizer("1.35")
+    auth.bind("t", USER, load_grants(role_yaml([{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get"]}])))
+    subject = auth.authenticate("t")
+    assert subject is not None
+    with pytest.raises(Forbidden) as err:
+        auth.authorize_all(subject, [req(v, "pods", "exec", name="x") for v in connect_verbs("GET", "1.35")])
+    assert str(err.value) == (
+        'pods "x" is forbidden: User "system:serviceaccount:default:pytest-sky" cannot create resource '
+        '"pods/exec" in API group "" in the namespace "default"'
+    )
+    assert err.value.details() == {"kind": "pods", "name": "x"}
+    with pytest.raises(Forbidden) as err:
+        auth.authorize(subject, req("list", "nodes", namespace=""))
+    assert str(err.value).endswith('cannot list resource "nodes" in API group "" at the cluster scope')
+    assert str(err.value).startswith("nodes is forbidden: ")
+    assert [(d.request.verb, d.allowed) for d in auth.decisions] == [("get", True), ("create", False), ("list", False)]
+
+
+def test_malformed_roles_are_refused_naming_the_place() -> None:
+    with pytest.raises(ValueError, match="no Role or ClusterRole"):
+        load_grants("kind: RoleBinding\n")
+    with pytest.raises(ValueError, match="rule 1: verbs must be a list of strings"):
+        load_grants(role_yaml([{"resources": ["pods"], "verbs": "get"}]))
+
+
+def test_the_shipped_role_is_exactly_the_backends_verbs_and_has_no_deletecollection() -> None:
+    grants = load_grants_file(SHIPPED)
+    granted = {
+        (verb, resource) for g in grants for rule in g.rules for resource in rule.resources for verb in rule.verbs
+    }
+    assert granted == {
+        *{(v, "pods") for v in ("create", "get", "list", "watch", "delete")},
+        *{(v, r) for r in ("secrets", "services") for v in ("create", "get", "delete")},
+        *{(v, r) for r in ("pods/exec", "pods/portforward") for v in ("get", "create")},
+        ("get", "pods/log"),
+        ("list", "events"),
+        ("get", "persistentvolumeclaims"),
+    }
+    assert all(g.namespace == "default" for g in grants)  # a Role: applied with kubectl apply -n
+    kinds = [d["kind"] for d in yaml.safe_load_all(SHIPPED.read_text()) if d]
+    assert kinds == ["Role", "ServiceAccount", "RoleBinding"]
+
+
+def test_the_backends_line_for_a_denial_names_verb_resource_and_fix() -> None:
+    message = (
+        'pods "x" is forbidden: User "system:serviceaccount:ns:sa" cannot create resource "pods/exec" '
+        'in API group "" in the namespace "ns"'
+    )
+    line = kube_proxy.rbac_line(message)
+    assert line == (
+        'User "system:serviceaccount:ns:sa" may not create pods/exec in namespace "ns" (403 Forbidden): grant the '
+        "Role pytest-sky needs, kubectl apply -n ns -f examples/kubernetes/rbac.yaml, and bind it to that user"
+    )
+    assert kube_proxy.rbac_line("exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1") is None
+
+
+# -- against the emulator --------------------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def emulator(version: str) -> Iterator[Emulator]:
+    if os.geteuid() != 0:
+        pytest.skip("the emulator's pods are namespace nodes: needs root")
+    with Emulator(nodes=2, kube_version=version) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def emu134() -> Iterator[Emulator]:
+    yield from emulator("1.34")
+
+
+@pytest.fixture(scope="module")
+def emu135() -> Iterator[Emulator]:
+    yield from emulator("1.35")
+
+
+@pytest.fixture(params=["1.34", "1.35"])
+def emu(request: pytest.FixtureRequest) -> Emulator:
+    """Each version's emulator in turn."""
+    return request.getfixturevalue(f"emu{request.param.replace('.', '')}")
+
+
+def launch_as_role(emu: Emulator, name: str) -> pytest_sky.Cluster:
+    return pytest_sky.launch(
+        num_nodes=2,
+        name=name,
+        backend="kubernetes",
+        backend_options={"kubeconfig": str(emu.kubeconfig_path), "context": ROLE_CONTEXT},
+    )
+
+
+def purge(emu: Emulator, cluster: str) -> list[str]:
+    """Delete (as the admin) what a failed launch under a short Role could not; say what it was."""
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+    sel = manifests.selector(cluster)
+    left = []
+    for kind, lister, deleter in (
+        ("pod", api.list_namespaced_pod, api.delete_namespaced_pod),
+        ("secret", api.list_namespaced_secret, api.delete_namespaced_secret),
+        ("service", api.list_namespaced_service, api.delete_namespaced_service),
+    ):
+        for obj in lister("default", label_selector=sel).items:
+            left.append(f"{kind} {obj.metadata.name}")
+            deleter(obj.metadata.name, "default")
+    return left
+
+
+def since_135(emu: Emulator) -> bool:
+    return parse_version(emu.server.kube_version) >= (1, 35)
+
+
+@pytest.mark.parametrize(
+    ("version", "verb", "resource"),
+    [
+        *[(v, "create", "pods") for v in ("1.34", "1.35")],
+        *[(v, "create", "secrets") for v in ("1.34", "1.35")],
+        *[(v, "get", "pods/exec") for v in ("1.34", "1.35")],
+        ("1.35", "create", "pods/exec"),  # before 1.35 the websocket exec is a get only
+        ("1.34", "get", "pods/portforward"),
+        ("1.35", "create", "pods/portforward"),
+    ],
+)
+def test_each_missing_verb_fails_the_launch_in_one_line_naming_it(
+    request: pytest.FixtureRequest, home: Path, version: str, verb: str, resource: str
+) -> None:
+    emu: Emulator = request.getfixturevalue(f"emu{version.replace('.', '')}")
+    name = f"rbac-{verb[:3]}-{resource.replace('/', '-')[:10]}"
+    emu.set_role(without(verb, resource))
+    try:
+        with pytest.raises(ProvisionError) as err:
+            launch_as_role(emu, name)
+        message = str(err.value)
+        assert f'may not {verb} {resource} in namespace "default" (403 Forbidden)' in message, message
+        assert "kubectl apply -n default -f examples/kubernetes/rbac.yaml" in message and "\n" not in message
+    finally:
+        emu.set_role(SHIPPED.read_text())
+        purge(emu, name)
+
+
+def test_a_dropped_port_forward_grant_fails_the_proxy_in_one_line(emu: Emulator) -> None:
+    """The ProxyCommand (a new SSH connection) says which verb the Role lacks, as ssh shows it."""
+    missing = "create" if since_135(emu) else "get"
+    emu.set_role(without(missing, "pods/portforward"))
+    try:
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", "default", "--pod", "any-head"),
+                *("--kubeconfig", str(emu.kubeconfig_path), "--context", ROLE_CONTEXT),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    finally:
+        emu.set_role(SHIPPED.read_text())
+    assert proc.returncode == 255
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert f'may not {missing} pods/portforward in namespace "default" (403 Forbidden)' in proc.stderr, proc.stderr
+
+
+def test_gpu_tests_skip_saying_the_role_may_not_list_nodes(
+    pytester: pytest.Pytester, home: Path, emu: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path), context=ROLE_CONTEXT)
+    assert backend.has_gpus() is False
+    assert "may not list nodes (403 Forbidden)" in backend.gpus_unseen()
+    pytester.makepyfile("import pytest\n\n@pytest.mark.gpu\ndef test_gpu():\n    pass\n")
+    monkeypatch.setenv("KUBECONFIG", str(emu.kubeconfig_path))
+    result = pytester.runpytest_subprocess(
+        "--kubernetes", f"--kube-context={ROLE_CONTEXT}", "-rs", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs a GPU; kube context 'kube-emulator-role' may not list nodes (403 Forbidden)*"])
