@@ -197,10 +197,11 @@ class Cluster:
         loss_pct: float = 0,
         rate_mbit: float | None = None,
     ) -> None:
-        """Give node ``rank``'s link added latency (± jitter), random loss (each direction)
-        and a bandwidth cap (each direction), inside its namespace; it replaces what that
-        rank had.  netem where the kernel has it, else tbf for rate and iptables' statistic
-        match for loss (delay then raises :class:`NotSupportedError`): see ``link_shaping``."""
+        """Give node ``rank``'s link added latency (± a uniform jitter), random loss and a
+        bandwidth cap, each in both directions (a round trip through it gains twice the
+        delay), inside its namespace; it replaces what that rank had.  netem where the
+        kernel has it; else tbf for rate, iptables' statistic match for loss and a delayer
+        of the node's own on NFQUEUE for delay (see ``link_shaping``)."""
         rank = self._rank(rank)
         if min(delay_ms, jitter_ms, loss_pct) < 0 or loss_pct > 100 or (rate_mbit is not None and rate_mbit <= 0):
             raise TaskError("degrade needs delay_ms, jitter_ms >= 0, 0 <= loss_pct <= 100 and rate_mbit > 0 (or None)")
@@ -219,7 +220,8 @@ class Cluster:
 
     @property
     def link_shaping(self) -> str:
-        """How ``degrade`` works on this cluster: "netem", "tbf+iptables" (no delay), "none"."""
+        """How ``degrade`` works on this cluster: "netem", "tbf+iptables+nfqueue" (this
+        kernel has no sch_netem) or "none" (a backend without network faults)."""
         return self._backend.link_shaping()
 
     def _set_faults(self, faults: NetworkFaults) -> None:

@@ -18,7 +18,7 @@ import pytest
 import pytest_sky
 from pytest_sky import procs
 from pytest_sky.backends import netns
-from pytest_sky.errors import NotSupportedError, TaskError
+from pytest_sky.errors import TaskError
 from pytest_sky.job import JobStatus
 
 
@@ -194,14 +194,31 @@ def test_degrade_rate_caps_bandwidth_both_ways_and_heal_lifts_it(cluster):
     assert ssh_throughput(cluster, 1, 20, upload=False) > 3 * down
 
 
-def test_shaping_path_and_delay_without_netem(cluster):
-    if netns.netem_available():
-        assert cluster.link_shaping == "netem"
-        pytest.skip("this kernel has sch_netem: delay is netem's")
-    assert cluster.link_shaping == "tbf+iptables"
-    with pytest.raises(NotSupportedError, match="netem"):
-        cluster.degrade(1, delay_ms=20)
-    assert not cluster.network_faults  # refused before anything was applied
+def connect_ms(ip: str, tries: int = 7) -> list[float]:
+    """Round trips to a closed port (SYN out, reset back), in ms, sorted."""
+    out = []
+    for _ in range(tries):
+        start = time.monotonic()
+        assert host_connect(ip, 9, timeout=3.0) == "refused"
+        out.append((time.monotonic() - start) * 1000)
+    return sorted(out)
+
+
+def test_degrade_delay_and_jitter_both_ways(cluster):
+    ip = cluster.node_ips[1]
+    assert cluster.link_shaping == ("netem" if netns.netem_available() else "tbf+iptables+nfqueue")
+    assert connect_ms(ip)[3] < 20
+    cluster.degrade(1, delay_ms=60)
+    held = connect_ms(ip)
+    assert 115 <= held[3] <= 300, held  # 60 ms each way
+    cluster.degrade(1, delay_ms=60, jitter_ms=50)
+    jittered = connect_ms(ip, tries=12)
+    assert jittered[-1] - jittered[0] > 25, jittered
+    assert probe(cluster, 0, 1) == "open"  # the delayed link still carries the control path
+    cluster.heal()
+    assert connect_ms(ip)[3] < 20
+    if not netns.netem_available():  # the delayer went with the delay
+        assert cluster.journal.load().get("delayers") == {}
 
 
 def test_bad_fault_arguments_are_one_line_errors(cluster):

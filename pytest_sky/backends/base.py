@@ -147,5 +147,5 @@ class Backend(ABC):
             raise NotSupportedError(f"the {self.name} backend cannot partition or degrade links; use the local backend")
 
     def link_shaping(self) -> str:
-        """How ``degrade`` is carried out here: "netem", "tbf+iptables" or "none"."""
+        """How ``degrade`` is carried out here: "netem", "tbf+iptables+nfqueue" or "none"."""
         return "none"

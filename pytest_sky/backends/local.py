@@ -27,7 +27,7 @@ from pytest_sky import console, gpus, naming, procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
-from pytest_sky.errors import NotSupportedError, ProvisionError, ResourcesError
+from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
@@ -297,17 +297,12 @@ class LocalBackend(Backend):
         """Each node's share applied inside its own namespace (a killed node gets its share
         when it restarts).  Recorded first, so a half-applied state is still healed."""
         netem = netns.netem_available()
-        delayed = sorted(r for r, d in faults.degraded.items() if d.delay_ms or d.jitter_ms)
-        if delayed and not netem:
-            raise NotSupportedError(
-                f"delay_ms/jitter_ms (rank {delayed[0]}) need sch_netem, which this kernel lacks "
-                "(CONFIG_NET_SCH_NETEM is not set): use rate_mbit and loss_pct here, or a kernel with netem"
-            )
         data = journal.update(faults=faults.to_json())
         ips = [n.ip for n in info.nodes]
-        ip = netns.require_tools()["ip"]
+        delayers = dict(data.get("delayers", {}))
         for rank in range(len(ips)):
             node = self._node(name, data, rank)
+            old = delayers.pop(str(rank), None)
             if not node.init_pid:
                 continue
             d = faults.degraded.get(rank, LinkDegradation())
@@ -320,10 +315,18 @@ class LocalBackend(Backend):
                 delay_ms=d.delay_ms,
                 jitter_ms=d.jitter_ms,
             )
-            netns.apply_link_faults(node.init_pid, share, netem=netem, mtu=int(data.get("mtu", self.mtu)), ip=ip)
+            if old is not None:  # a queue has one owner: the old delayer goes first
+                netns.stop_delayer(netns.Delayer(**old))
+            if (d.delay_ms or d.jitter_ms) and not netem:
+                started = netns.start_delayer(node.init_pid, d.delay_ms, d.jitter_ms, node.log_path)
+                delayers[str(rank)] = vars(started)
+                journal.update(delayers=delayers)  # on record before its rules send it packets
+            mtu = int(data.get("mtu", self.mtu))
+            netns.apply_link_faults(node.init_pid, share, netem=netem, mtu=mtu, ip=netns.require_tools()["ip"])
+        journal.update(delayers=delayers)
 
     def link_shaping(self) -> str:
-        return "netem" if netns.netem_available() else "tbf+iptables"
+        return "netem" if netns.netem_available() else "tbf+iptables+nfqueue"
 
     def _node(self, name: str, data: dict, rank: int) -> netns.NodeProcess:
         """Node ``rank`` as this process started it, or as the journal says (from another

@@ -930,6 +930,8 @@ def netem_available() -> bool:
 
 #: The chains a node's network faults live in: its own, so a task's iptables rules stay.
 FAULT_CHAINS = ("PSKY-IN", "PSKY-OUT")
+DELAY_CHAIN = "PSKY-DELAY"  # mangle INPUT and OUTPUT: to the delayer
+DELAY_QUEUE = 7301  # the node's NFQUEUE number (queues are per network namespace)
 _IFB = "psky-ifb"
 
 
@@ -948,8 +950,14 @@ class LinkFaults:
 
 def iptables_rules(faults: LinkFaults, *, netem: bool) -> str:
     """``iptables-restore --noflush`` input that makes the node's fault chains ``faults``
-    (declaring a chain flushes it: the previous state goes)."""
-    lines = ["*filter", *(f":{chain} - [0:0]" for chain in FAULT_CHAINS)]
+    (declaring a chain flushes it: the previous state goes).  Delay without netem sends every
+    packet through the node's delayer (mangle, before filter's drops: a packet is delayed,
+    then maybe dropped, as on a real path); ``--queue-bypass``: no delayer, no delay."""
+    delayed = (faults.delay_ms or faults.jitter_ms) and not netem
+    lines = ["*mangle", f":{DELAY_CHAIN} - [0:0]"]
+    if delayed:
+        lines.append(f"-A {DELAY_CHAIN} -j NFQUEUE --queue-num {DELAY_QUEUE} --queue-bypass")
+    lines += ["COMMIT", "*filter", *(f":{chain} - [0:0]" for chain in FAULT_CHAINS)]
     if faults.loss_pct and not netem:  # netem drops in its own queue
         p = f"{faults.loss_pct / 100:.6f}"
         lines += [f"-A {chain} -m statistic --mode random --probability {p} -j DROP" for chain in FAULT_CHAINS]
@@ -1006,8 +1014,13 @@ def apply_link_faults(init_pid: int, faults: LinkFaults, *, netem: bool, mtu: in
             "set -e",
             f"{tools['iptables-restore']} -w --noflush <<'EOF'\n{iptables_rules(faults, netem=netem)}EOF",
             *(
-                f"{ipt} -w -C {base} -j {chain} 2>/dev/null || {ipt} -w -I {base} 1 -j {chain}"
-                for base, chain in (("INPUT", "PSKY-IN"), ("OUTPUT", "PSKY-OUT"))
+                f"{ipt} -w -t {table} -C {base} -j {chain} 2>/dev/null || {ipt} -w -t {table} -I {base} 1 -j {chain}"
+                for table, base, chain in (
+                    ("filter", "INPUT", "PSKY-IN"),
+                    ("filter", "OUTPUT", "PSKY-OUT"),
+                    ("mangle", "INPUT", DELAY_CHAIN),
+                    ("mangle", "OUTPUT", DELAY_CHAIN),
+                )
             ),
             f"{tc} qdisc del dev eth0 root 2>/dev/null || true",
             f"{tc} qdisc del dev eth0 ingress 2>/dev/null || true",
@@ -1028,3 +1041,51 @@ def apply_link_faults(init_pid: int, faults: LinkFaults, *, netem: bool, mtu: in
     if proc.returncode != 0:
         err = proc.stderr.strip().splitlines()
         raise SkyError(f"could not change the network of node pid {init_pid}: {err[-1] if err else proc.returncode}")
+
+
+@dataclass(frozen=True)
+class Delayer:
+    """A node's packet delayer (``nfdelay.py``): its pid and that of the ``nsenter`` that
+    started it, each with its start time, so a recycled pid is never signalled."""
+
+    pid: int
+    start_time: int | None
+    parent: int
+    parent_start: int | None
+
+
+def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Path) -> Delayer:
+    """Start the delayer in the node's network and PID namespaces (it dies with the node)
+    and return once it owns the node's queue (it says ``bound``)."""
+    import sys
+
+    script = Path(__file__).with_name("nfdelay.py")
+    argv = [fault_tools()["nsenter"], "-t", str(init_pid), "-n", "-p", sys.executable, "-I", str(script)]
+    with open(log_path, "ab") as log_file:
+        popen = subprocess.Popen(
+            [*argv, str(DELAY_QUEUE), f"{delay_ms:g}", f"{jitter_ms:g}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+        )
+    node = NodeProcess(hostname="delayer", ip="", veth="", pid=popen.pid, init_pid=0, log_path=log_path, popen=popen)
+    try:
+        _await_line(node, b"bound", "start its packet delayer", timeout=30.0)
+    except BaseException:
+        kill_and_wait([*procs.children(popen.pid), popen.pid])
+        popen.wait(5)
+        raise
+    child = _child_pid(popen.pid)
+    return Delayer(child, procs.start_time(child), popen.pid, procs.start_time(popen.pid))
+
+
+def stop_delayer(delayer: Delayer) -> None:
+    """Kill a delayer (and its ``nsenter``) if they are still the processes recorded."""
+    pids = [
+        pid
+        for pid, start in ((delayer.pid, delayer.start_time), (delayer.parent, delayer.parent_start))
+        if pid and procs.is_alive(pid, start)
+    ]
+    kill_and_wait(pids)
