@@ -419,23 +419,28 @@ exit 1
 def reset_for_next_test(cluster: Cluster) -> None:
     """Make a cluster that several tests share look unused to the next of them.
 
-    Every job an earlier test started is cancelled (attached runs an interrupted test left
-    included) and its records dropped, so ``queue()`` starts empty; on every node, anything
-    of those jobs still alive is killed and the check fails if something survives
-    (:data:`LEFTOVER_CHECK`); the handle forgets the earlier results, so a failing test's
-    report shows its own ranks' logs only.  Files the earlier tests wrote stay, as on a
-    machine.  Raises :class:`SkyError` when the cluster could not be made clean (the plugin
-    then replaces it).
+    The partitions and degraded links an earlier test made are healed; every job it started
+    is cancelled (attached runs an interrupted test left included) and its records dropped,
+    so ``queue()`` starts empty; on every node, anything of those jobs still alive is killed
+    and the check fails if something survives (:data:`LEFTOVER_CHECK`); the handle forgets
+    the earlier results, so a failing test's report shows its own ranks' logs only.  Files
+    the earlier tests wrote stay, as on a machine.  Raises :class:`SkyError` when the
+    cluster could not be made clean, or checked (a node killed and not restarted): the
+    plugin then replaces it.
     """
+    if cluster.network_faults:
+        cluster.heal()  # first: the cancel and the check below then run on the launch's network
     agent = cluster._agent
     agent.cancel("all")
     result = agent.run(cluster._spec(as_task(LEFTOVER_CHECK, cluster.num_nodes), None), timeout=60)
     if result.returncode != 0:
-        left = [f"rank {r.rank}: {line}" for r in result.ranks for line in r.stdout.splitlines()]
-        what = "; ".join(left) or result.error
-        raise SkyError(f"cluster {cluster.name}: processes of an earlier test survived cancelling: {what}")
+        left = [f"rank {r.rank}: {line}" for r in result.ranks for line in r.stdout.splitlines() if "left: " in line]
+        if left:
+            raise SkyError(
+                f"cluster {cluster.name}: processes of an earlier test survived cancelling: {'; '.join(left)}"
+            )
+        raise SkyError(f"cluster {cluster.name} could not be checked after an earlier test: {result.error}")
     agent.forget()
-    # Partitions and degraded links: Cluster.heal() undoes them; it goes here once it exists.
     cluster.results.clear()
     cluster.last_result = None
 

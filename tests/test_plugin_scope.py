@@ -77,6 +77,59 @@ def test_module_scope_shares_one_cluster_and_the_next_test_sees_no_process_of_th
 
 
 @needs_local_backend
+def test_the_next_test_gets_a_healed_network_and_a_killed_node_means_a_fresh_cluster(
+    pytester: pytest.Pytester, sky_home: Path
+) -> None:
+    pytester.makepyfile(
+        test_inner=RECORDER
+        + textwrap.dedent(
+            """
+            import pytest
+
+            shared = pytest.mark.multinode(num_nodes=3, scope="module")
+
+            def probe(cluster, src, dst):
+                ip = cluster.node_ips[dst]
+                res = cluster.run(
+                    f'[ "$SKYPILOT_NODE_RANK" = {src} ] || exit 0; '
+                    f"timeout 2 bash -c 'exec 3<>/dev/tcp/{ip}/22' 2>/dev/null && echo open || echo cut",
+                    timeout=30,
+                )
+                return res.ranks[src].stdout.strip()
+
+            @shared
+            def test_partitions(sky_cluster):
+                record(sky_cluster, "partitioned")
+                sky_cluster.partition([0, 1], [2])
+                sky_cluster.degrade(1, rate_mbit=10)
+                assert probe(sky_cluster, 2, 1) == "cut"
+
+            @shared
+            def test_healed(sky_cluster):
+                record(sky_cluster, "healed", faults=bool(sky_cluster.network_faults), reach=probe(sky_cluster, 2, 1))
+
+            @shared
+            def test_kills_a_node(sky_cluster):
+                sky_cluster.kill_node(1)
+
+            @shared
+            def test_after_the_kill(sky_cluster):
+                record(sky_cluster, "after_kill")
+                assert sky_cluster.run("hostname").returncode == 0
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=4)
+    infos = recorded(pytester)
+    assert infos["partitioned"]["name"] == infos["healed"]["name"]
+    assert (infos["healed"]["faults"], infos["healed"]["reach"]) == (False, "open")
+    assert infos["after_kill"]["name"] != infos["healed"]["name"]
+    result.stdout.fnmatch_lines(["*could not be checked after an earlier test*this test gets a fresh cluster*"])
+    assert_nothing_left(sky_home, list(infos.values()))
+
+
+@needs_local_backend
 def test_module_cluster_goes_at_the_module_end_even_when_its_last_test_fails(
     pytester: pytest.Pytester, sky_home: Path
 ) -> None:
