@@ -18,7 +18,7 @@ import pytest
 import pytest_sky
 from pytest_sky import procs
 from pytest_sky.backends import netns
-from pytest_sky.errors import TaskError
+from pytest_sky.errors import NotSupportedError, TaskError
 from pytest_sky.job import JobStatus
 
 
@@ -263,3 +263,44 @@ def test_cli_faults_act_on_a_cluster_of_another_process(cluster, tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and "no node 'worker7'" in bad.stderr
+
+
+# ------------------------------------------------------------------------------ Kubernetes
+
+
+def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tmp_path, monkeypatch):
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+    from pytest_sky.backends import kube_manifests as manifests
+    from pytest_sky.backends.kubernetes import KubernetesBackend
+    from tests.kube_emulator import Emulator
+
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
+    with Emulator(nodes=2) as emu:
+        opts = {"kubeconfig": str(emu.kubeconfig_path)}
+        c = pytest_sky.launch(
+            num_nodes=2, name=f"fk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts
+        )
+        try:
+            job = c.submit("sleep 92")
+            deadline = time.monotonic() + 30
+            while job.status != JobStatus.RUNNING:
+                assert time.monotonic() < deadline, "job did not start"
+                time.sleep(0.05)
+            start = time.monotonic()
+            c.kill_node(1)
+            assert job.wait(15) == JobStatus.FAILED
+            assert time.monotonic() - start < 5
+            assert "rank 1" in job.error, job.error
+            api = KubernetesBackend(**opts).api()
+            pods = api.list_namespaced_pod("default", label_selector=manifests.selector(c.name)).items
+            assert [p.metadata.name for p in pods] == [manifests.pod_name(c.name, 0)]
+            with pytest.raises(NotSupportedError, match="NetworkPolicy"):
+                c.partition([0], [1])
+            with pytest.raises(NotSupportedError, match="NetworkPolicy"):
+                c.degrade(1, rate_mbit=10)
+            with pytest.raises(NotSupportedError, match="new IP"):
+                c.restart_node(1)
+            c.heal()  # nothing to undo: not an error
+        finally:
+            c.down()

@@ -295,11 +295,7 @@ class KubernetesBackend(Backend):
     def destroy(self, name: str, journal: Journal) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        data = journal.load()
-        if data.get("context") and data.get("context") != "in-cluster":
-            self.context = data["context"]
-            self.kubeconfig = data.get("kubeconfig") or self.kubeconfig
-        self.namespace = data.get("namespace") or self.namespace
+        data = self._adopt(journal)
         api = self.api()
         sel = manifests.selector(name)
         ns = self.namespace
@@ -533,11 +529,38 @@ class KubernetesBackend(Backend):
 
     # -- faults: what a pod cannot do, said plainly ----------------------------------------
 
+    def _adopt(self, journal: Journal) -> dict:
+        """Talk to the cluster the journal names (context, kubeconfig, namespace): a later
+        process's backend (the reaper's, the CLI's) was built without them."""
+        data = journal.load()
+        if data.get("context") and data.get("context") != "in-cluster":
+            self.context = data["context"]
+            self.kubeconfig = data.get("kubeconfig") or self.kubeconfig
+        self.namespace = data.get("namespace") or self.namespace
+        return data
+
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
-        raise NotSupportedError(
-            "kill_node is not supported on Kubernetes yet (it would delete the pod, and restart_node "
-            "recreate it with the same name and keys); use the local backend for node faults"
-        )
+        """Delete the node's pod with no grace period, as a crashed machine: its container is
+        killed, not stopped; returns once the API server no longer has the pod."""
+        from kubernetes.client.exceptions import ApiException
+
+        self._adopt(journal)
+        api, pod = self.api(), manifests.pod_name(name, rank)
+        try:
+            api.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ProvisionError(f"could not delete pod {pod}: {_api_message(exc)}") from None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                api.read_namespaced_pod(pod, self.namespace, _request_timeout=30)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise ProvisionError(f"waiting for pod {pod} to go: {_api_message(exc)}") from None
+            time.sleep(0.1)  # the API has no "deleted" wait short of a watch; poll its answer
+        raise ProvisionError(f"pod {pod} was still there 60 s after its deletion")
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
         raise NotSupportedError(
