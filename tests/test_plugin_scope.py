@@ -280,6 +280,44 @@ def test_each_shape_and_scope_gets_its_own_cluster(pytester: pytest.Pytester, sk
 
 
 @needs_local_backend
+def test_under_xdist_each_worker_shares_a_cluster_of_its_own(pytester: pytest.Pytester, sky_home: Path) -> None:
+    pytester.makepyfile(
+        test_inner=RECORDER
+        + textwrap.dedent(
+            """
+            import time
+            import pytest
+
+            @pytest.mark.multinode(num_nodes=2, scope="module")
+            @pytest.mark.parametrize("i", range(6))
+            def test_shared(sky_cluster, i):
+                record(sky_cluster, f"t{i}")
+                # Rendezvous: wait until the other worker has run a test too, so both provably do.
+                me = os.environ["PYTEST_XDIST_WORKER"]
+                out = Path(os.environ["SKY_TEST_OUT"])
+                (out / f"up-{me}-{i}").touch()
+                deadline = time.monotonic() + 60
+                while not [p for p in out.glob("up-*") if not p.name.startswith(f"up-{me}-")]:
+                    assert time.monotonic() < deadline, "the other xdist worker ran no test"
+                    time.sleep(0.01)  # polling interval while watching for the file
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=6)
+    infos = list(recorded(pytester).values())
+    by_worker: dict[str, set[str]] = {}
+    for info in infos:
+        by_worker.setdefault(info["worker"], set()).add(info["name"])
+    assert sorted(by_worker) == ["gw0", "gw1"], by_worker
+    assert all(len(names) == 1 for names in by_worker.values()), by_worker
+    assert by_worker["gw0"] != by_worker["gw1"]
+    for worker, (name,) in by_worker.items():
+        assert f"-{worker}-" in name, name
+    assert_nothing_left(sky_home, infos)
+
+
+@needs_local_backend
 def test_failing_test_on_a_shared_cluster_reports_its_own_logs_only(pytester: pytest.Pytester, sky_home: Path) -> None:
     pytester.makepyfile(
         test_inner=RECORDER
