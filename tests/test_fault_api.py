@@ -304,3 +304,47 @@ def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tm
             c.heal()  # nothing to undo: not an error
         finally:
             c.down()
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def test_fault_state_round_trips_through_the_journal_form():
+    from pytest_sky.backends.base import LinkDegradation, NetworkFaults
+
+    faults = NetworkFaults(
+        partitions=((frozenset({0, 1}), frozenset({2})),), degraded={1: LinkDegradation(5, 1, 2.5, 100)}
+    )
+    assert NetworkFaults.from_json(faults.to_json()) == faults
+    assert faults.cut_off(2) == {0, 1} and faults.cut_off(0) == {2} and faults.cut_off(3) == set()
+    assert not NetworkFaults.from_json(None)
+
+
+def test_partition_rules_keep_only_head_worker_ssh():
+    head, w1 = "198.18.5.2", "198.18.5.3"
+    on_head = netns.iptables_rules(netns.LinkFaults(head_ip=head, is_head=True, blocked=(w1,)), netem=False)
+    assert f"-A PSKY-OUT -d {w1} -p tcp --dport 22 -j RETURN" in on_head
+    assert f"-A PSKY-OUT -d {w1} -j DROP" in on_head and "REJECT" not in on_head
+    on_worker = netns.iptables_rules(
+        netns.LinkFaults(head_ip=head, is_head=False, blocked=("198.18.5.4",)), netem=False
+    )
+    assert "RETURN" not in on_worker  # worker-to-worker SSH is cut like everything else
+    lossy = netns.iptables_rules(netns.LinkFaults(head_ip=head, is_head=False, loss_pct=25), netem=False)
+    assert lossy.count("--probability 0.250000 -j DROP") == 2  # each direction
+    assert "--probability" not in netns.iptables_rules(
+        netns.LinkFaults(head_ip=head, is_head=False, loss_pct=25), netem=True
+    )
+
+
+def test_delayer_reads_packet_ids_from_a_netlink_batch():
+    import struct
+
+    from pytest_sky.backends import nfdelay
+
+    def packet(pid: int) -> bytes:
+        hdr = nfdelay._attr(nfdelay.NFQA_PACKET_HDR, struct.pack("!IHB", pid, 0x0800, 3))
+        other = nfdelay._attr(9, b"\1\2\3")  # an attribute it must skip
+        body = struct.pack("=BBH", 2, 0, 0) + other + hdr
+        return struct.pack("=IHHII", 16 + len(body), (3 << 8) | nfdelay.NFQNL_MSG_PACKET, 0, 0, 0) + body
+
+    assert nfdelay.packet_ids(packet(7) + packet(4242)) == [7, 4242]
