@@ -105,6 +105,14 @@ mount -t sysfs psky-sys "$R/sys"
 mkdir -m 755 "$R/run/sshd"
 mount --bind "$PSKY_ROOT/etc/passwd" "$R/etc/passwd"
 mount --bind "$PSKY_ROOT/etc/hosts" "$R/etc/hosts"
+if [ -n "$R" ] && [ -f "$PSKY_ROOT/etc/resolv.conf" ]; then
+  # A resolver of the node's own (a pod's cluster DNS), over whatever the image has there:
+  # a link (systemd-resolved's stub) is replaced in the node's own layer, never the host's.
+  if [ -L "$R/etc/resolv.conf" ] || [ ! -e "$R/etc/resolv.conf" ]; then
+    rm -f "$R/etc/resolv.conf" && : >"$R/etc/resolv.conf"
+  fi
+  mount --bind "$PSKY_ROOT/etc/resolv.conf" "$R/etc/resolv.conf"
+fi
 for m in $PSKY_EXTRA_MOUNTS; do
   src=${m%%=*}; dst=${m#*=}
   # Never create directories on the host's disk: only in /run or in a private root.
@@ -134,7 +142,8 @@ class NodeSpec:
     hostname: str
     ip: str
     #: Holds etc/passwd, etc/hosts, sshd_config and home/ (the node's home: at NODE_HOME on a
-    #: node with layers, at this path otherwise); the node's log goes here too.
+    #: node with layers, at this path otherwise); the node's log goes here too.  An
+    #: etc/resolv.conf here is the node's resolver too (only on a node with layers).
     root: Path
     veth: str  # host-side link name, at most 15 characters
     extra_mounts: dict[str, str] = field(default_factory=dict)  # host path -> node path (read-only)

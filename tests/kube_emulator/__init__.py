@@ -9,8 +9,9 @@ node of the local backend.  Layout:
   (async core) and ``Emulator`` (in-process, background thread).
 - ``cluster.py``: API semantics (defaulting, validation, deletion), events, scheduler loop.
 - ``scheduler.py``: resource fit, taints, node selectors, pod anti-affinity.
-- ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts, exec/port-forward
-  plumbing, reaping a SIGKILLed emulator's leftovers.
+- ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts and /etc/resolv.conf,
+  exec/port-forward plumbing, reaping a SIGKILLed emulator's leftovers.
+- ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).
 - ``streams.py``: the exec and port-forward WebSocket channel protocols.
 - ``store.py``: objects, resourceVersions and watch fan-out.
 - ``rbac.py``: Role-shaped rules per token, matched as the real RBAC authorizer matches

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube_emulator import scheduler
+from tests.kube_emulator.dns import DnsServer
 from tests.kube_emulator.faults import Faults
 from tests.kube_emulator.kubelet import Kubelet
 from tests.kube_emulator.selectors import FieldSelector, LabelSelector
@@ -230,6 +231,7 @@ class Cluster:
         self.faults = faults
         self.store = Store()
         self.kubelet = Kubelet(self, instance_dir, mtu=config.mtu)
+        self.dns = DnsServer(self.store)
         self.instance_dir = instance_dir
         self._queue: dict[tuple[str, str], str] = {}  # unscheduled pods, in creation order
         self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
@@ -244,6 +246,7 @@ class Cluster:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.kubelet.start)
+        await self.dns.start(self.kubelet.host_ip)  # on the bridge: the pods' nameserver
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self._create_namespace({"metadata": {"name": ns}})
         for i in range(self.config.nodes):
@@ -255,6 +258,7 @@ class Cluster:
         if self._task is not None:
             self._task.cancel()
         self.store.close_watches()
+        await self.dns.stop()
         await self.kubelet.shutdown()
 
     @staticmethod
@@ -395,8 +399,6 @@ class Cluster:
         if resource == "pods":
             self._queue[(namespace, meta["name"])] = meta["uid"]
             self.trigger_scheduler()
-        elif resource == "services":
-            self.kubelet.refresh_hosts(namespace)
         return created
 
     def _create_namespace(self, obj: Obj) -> Obj:
@@ -419,7 +421,6 @@ class Cluster:
         gone = self.store.delete(resource, namespace, name)
         assert gone is not None
         if resource == "services":
-            self.kubelet.refresh_hosts(namespace)
             return gone
         return {
             "kind": "Status",
@@ -519,10 +520,7 @@ class Cluster:
                 raise invalid("Service", meta["name"], [("spec.clusterIP", "Invalid value: field is immutable")])
             spec["clusterIP"] = old_ip
             spec["clusterIPs"] = (current.get("spec") or {}).get("clusterIPs")
-        updated = self.store.update(resource, new)
-        if resource in ("services", "pods"):
-            self.kubelet.refresh_hosts(meta.get("namespace"))
-        return updated
+        return self.store.update(resource, new)
 
     # -- pods -------------------------------------------------------------------------------
 

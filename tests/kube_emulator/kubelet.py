@@ -7,9 +7,10 @@ the local backend leases its subnets), a root filesystem of its own (a copy-on-w
 over this machine's, as a container's writable layer over its image, reset when the
 container restarts; the emulator's own state is hidden), a private ``/run``, and
 bind-mounted ``/etc/passwd``
-(root's home is the pod's own directory) and ``/etc/hosts`` (which stands in for cluster
-DNS: the pod and, through a headless Service named like the pod's ``subdomain``, its
-peers).  Secret volumes are written to a host directory and bind-mounted read-only.
+(root's home is the pod's own directory), ``/etc/hosts`` (the pod's own entry only, as the
+kubelet writes it) and ``/etc/resolv.conf`` (the emulator's cluster DNS, ``dns.py``, with
+the namespace's search path): peers resolve through DNS, as on a real cluster.  Secret
+volumes are written to a host directory and bind-mounted read-only.
 
 Why nodes rather than containers: the emulator's pods must run the backend's real
 start-up script and a real sshd, reachable by port-forward, as on a cluster; the local
@@ -48,6 +49,7 @@ from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
+from tests.kube_emulator import dns
 
 if TYPE_CHECKING:
     from tests.kube_emulator.cluster import Cluster
@@ -311,7 +313,6 @@ class Kubelet:
                 self.used_ips.discard(int(rt.ip.rsplit(".", 1)[1]))
             self.runtimes.pop(rt.key, None)
             self.persist()
-            self.refresh_hosts(rt.namespace)
             if rt.deleting:
                 await asyncio.get_running_loop().run_in_executor(
                     self.pool, lambda: shutil.rmtree(rt.root, ignore_errors=True)
@@ -532,10 +533,10 @@ class Kubelet:
         home.mkdir(exist_ok=True, mode=0o700)
         (rt.root / "etc" / "passwd").write_text(passwd_with_home())
         hosts = rt.root / "etc" / "hosts"
-        if not hosts.exists():
-            hosts.write_text(self._hosts_for(rt))
-        os.chmod(rt.root / "etc" / "passwd", 0o644)
-        os.chmod(hosts, 0o644)
+        hosts.write_text(self._hosts_for(rt))
+        (rt.root / "etc" / "resolv.conf").write_text(dns.resolv_conf(self.cluster.dns.address, rt.namespace))
+        for name in ("passwd", "hosts", "resolv.conf"):
+            os.chmod(rt.root / "etc" / name, 0o644)
         command = list(container.get("command") or []) + list(container.get("args") or [])
         if not command:
             command = ["sleep", "infinity"]  # no image metadata here: an idle container
@@ -613,13 +614,11 @@ class Kubelet:
             pod, "Normal", "Started", f"Started container {container['name']}", component="kubelet", container=0
         )
         self._set_running(rt)
-        self.refresh_hosts(rt.namespace)
         code = await self._wait_exit(node)
         rt.node = None
         self._close_pidfd(rt)
         await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
         self.persist()
-        self.refresh_hosts(rt.namespace)
         if not rt.deleting:
             self._set_container(
                 rt,
@@ -751,72 +750,25 @@ class Kubelet:
 
         self.cluster.store.modify("pods", rt.namespace, rt.name, mutate)
 
-    # -- /etc/hosts: the emulator's cluster DNS ---------------------------------------------
-
-    def _peers(self, namespace: str, subdomain: str) -> list[PodRuntime]:
-        """Running pods published by the headless Service ``subdomain`` (name match, selector
-        match, clusterIP None), in start order."""
-        if not subdomain:
-            return []
-        service = self.cluster.store.get("services", namespace, subdomain)
-        if service is None or (service.get("spec") or {}).get("clusterIP") != "None":
-            return []
-        selector = (service.get("spec") or {}).get("selector") or {}
-        if not selector:
-            return []
-        out = []
-        for rt in self.runtimes.values():
-            if rt.namespace != namespace or rt.subdomain != subdomain or rt.node is None or rt.ip is None:
-                continue
-            pod = self._pod(rt)
-            labels = (pod or {}).get("metadata", {}).get("labels") or {}
-            if all(labels.get(k) == v for k, v in selector.items()):
-                out.append(rt)
-        out.sort(key=lambda r: int(r.ip.rsplit(".", 1)[1]) if r.ip else 0)
-        return out
+    # -- /etc/hosts: the pod's own name (peers are in cluster DNS) ----------------------------
 
     def _hosts_for(self, rt: PodRuntime) -> str:
+        """What the kubelet writes (managedHostsFileContent): localhost, and the pod's own IP
+        with ``<hostname>.<subdomain>.<ns>.svc.cluster.local`` when it has a subdomain."""
         lines = [
-            "# Kubernetes-managed hosts file (kube emulator).",
+            "# Kubernetes-managed hosts file.",
             "127.0.0.1\tlocalhost",
             "::1\tlocalhost ip6-localhost ip6-loopback",
+            "fe00::0\tip6-localnet",
+            "fe00::0\tip6-mcastprefix",
+            "fe00::1\tip6-allnodes",
+            "fe00::2\tip6-allrouters",
         ]
-        mapped = []
-
-        def names(r: PodRuntime) -> str:
-            if r.subdomain:
-                fqdn = f"{r.hostname}.{r.subdomain}.{r.namespace}.svc.cluster.local"
-                return f"{fqdn}\t{r.hostname}.{r.subdomain}\t{r.hostname}"
-            return r.hostname
-
-        if rt.ip:
-            lines.append(f"{rt.ip}\t{names(rt)}")
-            mapped.append(f"::ffff:{rt.ip}\t{names(rt)}")
-        for peer in self._peers(rt.namespace, rt.subdomain):
-            if peer is not rt:
-                lines.append(f"{peer.ip}\t{names(peer)}")
-                mapped.append(f"::ffff:{peer.ip}\t{names(peer)}")
-        return "\n".join(lines + mapped) + "\n"
-
-    def refresh_hosts(self, namespace: str | None = None) -> None:
-        """Rewrite the hosts files in place: the node's bind mount shows the new content only
-        if the inode stays the same."""
-        for rt in list(self.runtimes.values()):
-            if namespace is not None and rt.namespace != namespace:
-                continue
-            path = rt.root / "etc" / "hosts"
-            if not path.exists():
-                continue
-            content = self._hosts_for(rt).encode()
-            try:
-                with open(path, "r+b") as fh:
-                    if fh.read() == content:
-                        continue
-                    fh.seek(0)
-                    fh.write(content)
-                    fh.truncate()
-            except OSError as exc:
-                log.warning("could not rewrite %s: %s", path, exc)
+        if rt.ip and rt.subdomain:
+            lines.append(f"{rt.ip}\t{rt.hostname}.{rt.subdomain}.{rt.namespace}.svc.{dns.DOMAIN}\t{rt.hostname}")
+        elif rt.ip:
+            lines.append(f"{rt.ip}\t{rt.hostname}")
+        return "\n".join(lines) + "\n"
 
     # -- exec, port-forward, logs -----------------------------------------------------------
 
