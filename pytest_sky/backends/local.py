@@ -207,6 +207,9 @@ class LocalBackend(Backend):
     def destroy(self, name: str, journal: Journal) -> None:
         data = journal.load()
         tools = netns.require_tools()
+        if data.get("specs") and len(data.get("nodes", [])) == len(self._nodes.get(name, [])):
+            for rank in range(len(data["nodes"])):  # a node another process restarted is stopped too
+                self._node(name, data, rank)
         started = self._nodes.pop(name, None)
         if started is not None:
             netns.stop_nodes(tools["ip"], started)
@@ -329,16 +332,17 @@ class LocalBackend(Backend):
         return "netem" if netns.netem_available() else "tbf+iptables+nfqueue"
 
     def _node(self, name: str, data: dict, rank: int) -> netns.NodeProcess:
-        """Node ``rank`` as this process started it, or as the journal says (from another
-        process): its pids only while they are still the ones recorded (pid reuse)."""
+        """Node ``rank`` as this process started it, or as the journal says (another process
+        started it, or restarted it since: the CLI's ``fault``): its pids only while they are
+        still the ones recorded (pid reuse)."""
         started = self._nodes.get(name)
-        if started is not None:
-            return started[rank]
         record, spec = data["nodes"][rank], data["specs"][rank]
+        if started is not None and started[rank].pid == record["pid"]:
+            return started[rank]
         alive = procs.is_alive(record["pid"], record.get("start_time"))
         init = record.get("init_pid") or 0
         cgroup = (data.get("cgroups") or [""] * (rank + 1))[rank]
-        return netns.NodeProcess(
+        node = netns.NodeProcess(
             hostname=spec["hostname"],
             ip=spec["ip"],
             veth=spec["veth"],
@@ -347,6 +351,9 @@ class LocalBackend(Backend):
             log_path=Path(record["log"]),
             cgroup=Path(cgroup) if cgroup else None,
         )
+        if started is not None:
+            started[rank] = node  # what teardown stops, too
+        return node
 
     # -- helpers ---------------------------------------------------------------------------
 
