@@ -77,6 +77,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="same as --backend kubernetes: pods on the current kube context [PYTEST_SKY_KUBERNETES]",
     )
+    _add_kube_options(group)
+    group.addoption(
+        "--keep-clusters",
+        dest="sky_keep_clusters",
+        action="store_true",
+        default=None,
+        help="do not tear clusters down; print how to reach and delete them [PYTEST_SKY_KEEP_CLUSTERS]",
+    )
+    group.addoption(
+        "--sky-mtu",
+        dest="sky_mtu",
+        type=int,
+        default=None,
+        metavar="MTU",
+        help="MTU of local cluster links (default 65535) [PYTEST_SKY_MTU]",
+    )
+
+
+def _add_kube_options(group: pytest.OptionGroup) -> None:
+    """The Kubernetes backend's options (each with its PYTEST_SKY_KUBE_* twin)."""
     group.addoption(
         "--kube-context",
         dest="sky_kube_context",
@@ -106,19 +126,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ReadWriteMany PersistentVolumeClaim that holds a test's shared_dir [PYTEST_SKY_KUBE_SHARED_PVC]",
     )
     group.addoption(
-        "--keep-clusters",
-        dest="sky_keep_clusters",
-        action="store_true",
+        "--kube-gpu-label",
+        dest="sky_kube_gpu_label",
         default=None,
-        help="do not tear clusters down; print how to reach and delete them [PYTEST_SKY_KEEP_CLUSTERS]",
-    )
-    group.addoption(
-        "--sky-mtu",
-        dest="sky_mtu",
-        type=int,
-        default=None,
-        metavar="MTU",
-        help="MTU of local cluster links (default 65535) [PYTEST_SKY_MTU]",
+        metavar="KEY",
+        help="node label naming the GPU product (default: the nodes' known one, else nvidia.com/gpu.product) "
+        "[PYTEST_SKY_KUBE_GPU_LABEL]",
     )
 
 
@@ -134,6 +147,7 @@ def settings_from(config: pytest.Config) -> Settings:
             kube_namespace=config.getoption("sky_kube_namespace"),
             kube_image=config.getoption("sky_kube_image"),
             kube_shared_pvc=config.getoption("sky_kube_shared_pvc"),
+            kube_gpu_label=config.getoption("sky_kube_gpu_label"),
             keep_clusters=config.getoption("sky_keep_clusters"),
             mtu=config.getoption("sky_mtu"),
         )

@@ -44,6 +44,9 @@ class Settings:
     mtu: int | None = None
     kube_timeout: float | None = None  # seconds a launch waits for pods (PYTEST_SKY_KUBE_TIMEOUT)
     kube_shared_pvc: str | None = None  # the ReadWriteMany claim that holds shared_dir on Kubernetes
+    #: The node label naming GPU products (None: the first known key the nodes carry, else
+    #: GPU feature discovery's ``nvidia.com/gpu.product``; ``backends.kube_policy``).
+    kube_gpu_label: str | None = None
     #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND`` or ``default``.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -60,6 +63,8 @@ class Settings:
             options["ready_timeout"] = self.kube_timeout
         if self.kube_shared_pvc:
             options["shared_pvc"] = self.kube_shared_pvc
+        if self.kube_gpu_label:
+            options["gpu_label"] = self.kube_gpu_label
         return options
 
     def given(self, name: str) -> bool:
@@ -110,13 +115,16 @@ class Settings:
     def describe(self) -> str:
         """One line for pytest's report header: each setting that applies, and its source."""
         names = ["backend", "keep_clusters"]
-        names += ["mtu"] if self.backend == "local" else ["kube_context", "kube_namespace", "kube_image"]
+        names += (
+            ["mtu"] if self.backend == "local" else ["kube_context", "kube_namespace", "kube_image", "kube_gpu_label"]
+        )
         parts = []
         unset = {
             "mtu": DEFAULT_MTU,
             "kube_context": "(kubeconfig's)",
             "kube_namespace": "(kubeconfig's)",
             "kube_image": DEFAULT_KUBE_IMAGE,
+            "kube_gpu_label": "(the nodes' known GPU label, else nvidia.com/gpu.product)",
         }
         for name in names:
             value = getattr(self, name)
@@ -139,6 +147,13 @@ def _truthy(value: object) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
 
 
+def _seconds(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        raise SettingsError(f"PYTEST_SKY_KUBE_TIMEOUT={raw!r} is not a number of seconds (e.g. 600)") from None
+
+
 def resolve(
     *,
     backend: str | None = None,
@@ -149,6 +164,7 @@ def resolve(
     keep_clusters: bool | None = None,
     mtu: int | None = None,
     kube_shared_pvc: str | None = None,
+    kube_gpu_label: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """The effective settings, from the command line's values (None: not given) and the environment.
@@ -183,11 +199,7 @@ def resolve(
         mtu_value = int(raw_mtu) if raw_mtu is not None else None
     except ValueError:
         raise SettingsError(f"PYTEST_SKY_MTU={raw_mtu!r} is not a whole number (e.g. 65535)") from None
-    raw_timeout = pick("kube_timeout", None, "")
-    try:
-        timeout = float(raw_timeout) if raw_timeout is not None else None
-    except ValueError:
-        raise SettingsError(f"PYTEST_SKY_KUBE_TIMEOUT={raw_timeout!r} is not a number of seconds (e.g. 600)") from None
+    timeout = _seconds(pick("kube_timeout", None, ""))
     return Settings(
         backend="kubernetes" if chosen == "k8s" else chosen,
         kube_context=pick("kube_context", kube_context, "--kube-context"),
@@ -197,5 +209,6 @@ def resolve(
         mtu=mtu_value,
         kube_timeout=timeout,
         kube_shared_pvc=pick("kube_shared_pvc", kube_shared_pvc, "--kube-shared-pvc"),
+        kube_gpu_label=pick("kube_gpu_label", kube_gpu_label, "--kube-gpu-label"),
         sources=sources,
     )

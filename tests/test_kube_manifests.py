@@ -165,3 +165,68 @@ def test_the_baseline_check_catches_what_baseline_forbids():
         "node: privileged",
         "node: adds SYS_ADMIN",
     ]
+
+
+def test_default_requests_fit_three_pods_on_a_laptop_kind_node():
+    """kind in a 4-CPU / 8 GiB Docker VM, less about 1 CPU and 0.5 GiB for the control plane."""
+    from tests.kube_emulator.scheduler import parse_quantity
+
+    requests = m.container_resources(Resources())["requests"]
+    assert 3 * parse_quantity(requests["cpu"]) <= 3 and 3 * parse_quantity(requests["memory"]) <= 7.5 * 2**30
+    assert "limits" not in m.container_resources(Resources())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_limits_and_the_gpu_node_affinity_are_strictly_valid(version: str):
+    from pytest_sky.backends.kube_policy import gpu_selector
+
+    resources = Resources.from_kwargs(gpus="A100:2", cpus="3", memory="6")
+    labels = [{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, {"nvidia.com/gpu.product": "Tesla-T4"}]
+    placement = m.Placement(with_limits=True, gpu=gpu_selector("A100", labels, None))
+    pod = m.pod("demo", 0, "default", "img", resources, placement=placement)
+    kubernetes_validate.validate(pod, version, strict=True)
+    res = pod["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"cpu": "3", "memory": "6144Mi", "nvidia.com/gpu": "2"} and res["requests"] == res["limits"]
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    (expr,) = term["matchExpressions"]
+    assert expr["key"] == "nvidia.com/gpu.product" and expr["operator"] == "In"
+    assert "NVIDIA-A100-SXM4-80GB" in expr["values"] and "Tesla-T4" not in expr["values"]
+
+
+@pytest.mark.parametrize(
+    ("requested", "value", "expected"),
+    [
+        ("A100", "NVIDIA-A100-SXM4-80GB", True),
+        ("A100", "nvidia-tesla-a100", True),
+        ("A100", "a100", True),
+        ("A100", "A100_NVLINK_80GB", True),
+        ("A100-80GB", "nvidia-a100-80gb", True),
+        ("A100-80GB", "NVIDIA-A100-SXM4-40GB", False),
+        ("A100", "Tesla-T4", False),
+        ("A10", "NVIDIA-A100-SXM4-80GB", False),
+        ("A10G", "NVIDIA-A10G", True),
+        ("T4", "Tesla-T4", True),
+        ("H100", "NVIDIA-H100-80GB-HBM3", True),
+        ("RTXA6000", "NVIDIA-RTX-A6000", True),
+    ],
+)
+def test_gpu_label_values_match_skypilot_names(requested: str, value: str, expected: bool):
+    from pytest_sky.backends.kube_policy import matches
+
+    assert matches(requested, value) is expected
+
+
+def test_the_gpu_label_key_comes_from_the_setting_then_the_nodes_then_gpu_feature_discovery():
+    from pytest_sky.backends.kube_policy import gpu_selector
+
+    gke = [{"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}, {"cloud.google.com/gke-accelerator": "nvidia-l4"}]
+    sel = gpu_selector("A100", gke, None)
+    assert sel is not None and sel.key == "cloud.google.com/gke-accelerator"
+    assert sel.values == ("nvidia-tesla-a100",)  # no such node yet: GKE's own spelling (an autoscaler adds it)
+    unlisted = gpu_selector("T4", None, None)  # a namespaced Role may not list nodes
+    assert unlisted is not None and unlisted.key == "nvidia.com/gpu.product" and "Tesla-T4" in unlisted.values
+    custom = gpu_selector("A100", gke, "example.com/gpu")
+    assert custom is not None and custom.key == "example.com/gpu" and "A100" in custom.values
+    assert gpu_selector("A100", [{"kubernetes.io/hostname": "n1"}], None) is None  # nothing names GPU types

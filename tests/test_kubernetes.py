@@ -129,7 +129,7 @@ def test_status_shows_the_fractional_gpu_request(home: Path):
         try:
             assert run.returncode == 0, run.stderr
             status = subprocess.run([SCRIPT, "status"], capture_output=True, text=True, env=env, check=True).stdout
-            assert "3x Kubernetes(2CPU--8GB--V100:0.5)" in status, status
+            assert "3x Kubernetes(0.5CPU--1GB--V100:0.5)" in status, status
             api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
             pod = api.read_namespaced_pod("k8s-frac-worker1", "default")
             assert pod.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"

@@ -136,3 +136,15 @@ def test_the_header_shows_the_value_a_default_stands_for() -> None:
     kube = resolve(kubernetes=True, environ={}).describe()
     assert "kube_image=python:3.11-slim-bookworm (from default)" in kube
     assert "kube_context=(kubeconfig's) (from default)" in kube
+
+
+def test_the_gpu_label_has_an_option_an_environment_twin_and_a_header_line() -> None:
+    s = resolve(kubernetes=True, environ={"PYTEST_SKY_KUBE_GPU_LABEL": "cloud.google.com/gke-accelerator"})
+    assert s.backend_options()["gpu_label"] == "cloud.google.com/gke-accelerator"
+    assert "kube_gpu_label=cloud.google.com/gke-accelerator (from PYTEST_SKY_KUBE_GPU_LABEL)" in s.describe()
+    s = resolve(kubernetes=True, kube_gpu_label="example.com/gpu", environ={"PYTEST_SKY_KUBE_GPU_LABEL": "x"})
+    assert (s.kube_gpu_label, s.sources["kube_gpu_label"]) == ("example.com/gpu", "--kube-gpu-label")
+    assert (
+        "kube_gpu_label=(the nodes' known GPU label, else nvidia.com/gpu.product) (from default)"
+        in resolve(kubernetes=True, environ={}).describe()
+    )

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_sky import naming
+from pytest_sky.backends.kube_policy import GpuSelector, node_affinity
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_KUBE_IMAGE
 from pytest_sky.ssh import sshd
@@ -23,8 +24,16 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "pytest-sky"}
 SECRET_MOUNT = "/run/pytest-sky-secret"
 RUNTIME_DIR = "/run/pytest-sky"
 DEFAULT_IMAGE = DEFAULT_KUBE_IMAGE
-DEFAULT_CPUS = 2.0
-DEFAULT_MEMORY_GB = 8.0
+#: A pod's requests when the task names no ``cpus``/``memory``: half a CPU and 1 GiB.
+#: SkyPilot's Kubernetes default is 2 CPUs and 1 GiB per CPU (4 GiB per CPU with GPUs), sized
+#: for one job per pod; our pods are test nodes, several per machine: kind on a laptop is one
+#: node of the Docker VM's 2-4 CPUs and 4-8 GiB, of which the control plane and kube-system
+#: already request about 1 CPU and 0.5 GiB, so three 2-CPU pods never fit there, let alone two
+#: 3-node clusters at ``-n 2``.  Requests are reservations, not caps (no limits unless the
+#: namespace demands them, see :func:`container_resources`): a pod still uses idle CPU and
+#: memory beyond them, and a task that needs a guaranteed share says ``cpus``/``memory``.
+DEFAULT_CPUS = 0.5
+DEFAULT_MEMORY_GB = 1.0
 #: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.
 SSHD_CONFIG_KEY = "sshd_config"
 #: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
@@ -148,11 +157,20 @@ def _quantity(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{int(value * 1000)}m"
 
 
-def container_resources(resources: Resources) -> dict:
+def container_resources(resources: Resources, with_limits: bool = False) -> dict:
+    """Requests from the task (``cpus``, ``memory``) or the defaults; limits only for GPUs,
+    unless ``with_limits``: then CPU and memory limits equal the requests.
+
+    No limits by default: a CPU limit throttles a test at its request even on an idle node,
+    and a memory limit turns a small default into an OOM kill.  A namespace whose
+    ResourceQuota counts ``limits.cpu``/``limits.memory`` (or a LimitRange of type Pod with a
+    ``max``) rejects a pod without them; the backend then sends them equal to the requests
+    (the smallest quota charge, and the ratio 1 any ``maxLimitRequestRatio`` allows).
+    """
     cpus = resources.cpus if resources.cpus is not None else DEFAULT_CPUS
     memory = resources.memory if resources.memory is not None else DEFAULT_MEMORY_GB
     requests = {"cpu": _quantity(cpus), "memory": f"{math.ceil(memory * 1024)}Mi"}
-    limits: dict[str, str] = {}
+    limits: dict[str, str] = dict(requests) if with_limits else {}
     if resources.accelerators is not None:
         # Kubernetes hands out whole devices: a share (V100:0.5) asks for one.
         gpus = str(resources.accelerators.per_node_ceiling())
@@ -204,6 +222,15 @@ class SharedVolume:
     path: str
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What the namespace and the nodes ask of a pod beyond the task: limits (the namespace
+    demands them) and the GPU product's node label (the task names a GPU type)."""
+
+    with_limits: bool = False
+    gpu: GpuSelector | None = None
+
+
 def pod(
     cluster: str,
     rank: int,
@@ -212,8 +239,10 @@ def pod(
     resources: Resources,
     shared: SharedVolume | None = None,
     secret_keys: Iterable[str] | None = None,
+    placement: Placement | None = None,
 ) -> dict:
     """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`)."""
+    placement = placement or Placement()
     spec: dict = {
         "hostname": pod_name(cluster, rank),
         "subdomain": cluster,
@@ -242,13 +271,15 @@ def pod(
                 "command": ["/bin/sh", "-c", BOOTSTRAP],
                 "env": [{"name": "PSKY_RANK", "value": str(rank)}],
                 "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
-                "resources": container_resources(resources),
+                "resources": container_resources(resources, placement.with_limits),
                 "securityContext": security_context(),
                 "volumeMounts": [{"name": "ssh-keys", "mountPath": SECRET_MOUNT, "readOnly": True}],
             }
         ],
         "volumes": [secret_volume(cluster, rank, secret_keys)],
     }
+    if placement.gpu is not None:
+        spec["affinity"]["nodeAffinity"] = node_affinity(placement.gpu)
     if resources.accelerators is not None:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     if shared is not None:

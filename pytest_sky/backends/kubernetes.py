@@ -12,14 +12,17 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import shlex
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_sky import console, naming
 from pytest_sky.backends import kube_manifests as manifests
+from pytest_sky.backends import kube_policy
 from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
@@ -48,6 +51,56 @@ def _is_rbac_denial(exc: BaseException) -> bool:
     return kube_proxy.rbac_line(kube_proxy.refusal_message(exc)) is not None
 
 
+#: What the API server says when a pod needs limits of its own: a ResourceQuota counts them
+#: (403 "failed quota: q: must specify limits.cpu ..."), a LimitRange of type Pod caps them
+#: (403 "maximum cpu usage per Pod is 2.  No limit is specified"), or a LimitRange's default
+#: limit, filled in for us, is below our request (422 "must be less than or equal to cpu
+#: limit of 1").  The backend then sends limits equal to the requests.
+_NEEDS_LIMITS = {
+    403: re.compile(r"failed quota: .*must specify .*limits\.|No limit is specified"),
+    422: re.compile(r"must be less than or equal to (cpu|memory) limit"),
+}
+
+
+def _needs_limits(exc: Exception) -> bool:
+    pattern = _NEEDS_LIMITS.get(getattr(exc, "status", None) or 0)
+    return pattern is not None and pattern.search(_api_message(exc)) is not None
+
+
+def _policy_rejection(exc: Exception, namespace: str) -> str | None:
+    """A pod refused by the namespace's policies rather than by RBAC: the policy named, in one
+    line with its fix; None for any other refusal.
+
+    The API server answers 403 Forbidden for ResourceQuota, LimitRange and PodSecurity alike
+    (``pods "x" is forbidden: ...``); only the message tells them apart from a missing RBAC
+    verb.  (Limits the namespace merely demands are sent instead: :func:`_needs_limits`.)
+    """
+    status = getattr(exc, "status", None)
+    message = _api_message(exc)
+    detail = re.sub(r'^pods "[^"]*" is forbidden: ', "", message).replace("\n", " ")
+    where = f"namespace {namespace!r}"
+    if status == 403 and "exceeded quota:" in message:
+        return (
+            f"{where} has used up its ResourceQuota ({detail}): delete pods you no longer need there, ask its "
+            "admin for a larger quota, or ask for less (cpus, memory, gpus, num_nodes)"
+        )
+    if status == 403 and "failed quota:" in message:
+        return f"the ResourceQuota of {where} refuses the pods ({detail}): ask its admin which requests it needs"
+    if status == 403 and "violates PodSecurity" in message:
+        level = re.search(r'PodSecurity "([^"]+)"', message)
+        return (
+            f"{where} enforces PodSecurity {level.group(1) if level else ''}, which the pods' sshd cannot meet "
+            f"({detail}): use a namespace labelled pod-security.kubernetes.io/enforce=baseline (--kube-namespace)"
+        )
+    limit_range = re.search(r"(maximum|minimum) \S+ usage per (Container|Pod)|max limit to request ratio", message)
+    if status == 403 and limit_range:
+        return (
+            f"a LimitRange of {where} refuses the pods ({detail}): ask for cpus/memory within its bounds "
+            f"(kubectl describe limitrange -n {namespace})"
+        )
+    return None
+
+
 class KubernetesBackend(Backend):
     name = "kubernetes"
     cloud_label = "Kubernetes"
@@ -61,6 +114,7 @@ class KubernetesBackend(Backend):
         kubeconfig: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
         shared_pvc: str | None = None,
+        gpu_label: str | None = None,
     ) -> None:
         self.context = context or None
         self.requested_namespace = namespace or None
@@ -69,6 +123,8 @@ class KubernetesBackend(Backend):
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
         self.ready_timeout = ready_timeout
         self.shared_pvc = shared_pvc or None
+        self.gpu_label = gpu_label or None
+        self._gpu: kube_policy.GpuSelector | None = None
         self._api: kclient.CoreV1Api | None = None
         self._cfg: object = None
         self.namespace = self.requested_namespace or "default"
@@ -224,26 +280,24 @@ class KubernetesBackend(Backend):
             pods=[manifests.pod_name(name, r) for r in range(config.num_nodes)],
             shared_dir=config.shared_dir,
         )
-        home = config.home_files
-        # Host keys and the cluster key go in the Secret now; files that need pod IPs follow.
-        files = {
-            "authorized_keys": home[".ssh/authorized_keys"][0],
-            "id_ed25519": home[".ssh/id_ed25519"][0],
-            "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
-            "agent.pyz": home[".sky/agent.pyz"][0],
-            manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
-        }
-        for rank, key in enumerate(config.keys.hosts):
-            files[manifests.host_key(rank)] = key.private_openssh
+        files = self._secret_files(config)
         shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
+        placement = manifests.Placement(gpu=self._gpu_selector(config.resources))
         try:
             api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
             api.create_namespaced_service(ns, manifests.service(name, ns))
             for rank in range(config.num_nodes):
-                pod = manifests.pod(name, rank, ns, self.image, config.resources, shared, secret_keys=files)
-                api.create_namespaced_pod(ns, pod)
+                placement = self._create_pod(
+                    lambda p, rank=rank: manifests.pod(
+                        name, rank, ns, self.image, config.resources, shared, secret_keys=files, placement=p
+                    ),
+                    placement,
+                )
         except ApiException as exc:
             self._cleanup(name, journal)
+            policy = _policy_rejection(exc, ns)
+            if policy is not None:
+                raise ProvisionError(policy) from None
             if exc.status == 403:
                 raise ProvisionError(
                     f"no permission in namespace {ns!r} of kube context {self.context!r}: {_api_message(exc)}"
@@ -268,6 +322,64 @@ class KubernetesBackend(Backend):
         except BaseException:
             self._cleanup(name, journal)
             raise
+
+    @staticmethod
+    def _secret_files(config: ProvisionConfig) -> dict[str, bytes]:
+        """Host keys and the cluster key go in the Secret now; files that need pod IPs follow."""
+        home = config.home_files
+        files = {
+            "authorized_keys": home[".ssh/authorized_keys"][0],
+            "id_ed25519": home[".ssh/id_ed25519"][0],
+            "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
+            "agent.pyz": home[".sky/agent.pyz"][0],
+            manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
+        }
+        for rank, key in enumerate(config.keys.hosts):
+            files[manifests.host_key(rank)] = key.private_openssh
+        return files
+
+    def _create_pod(
+        self, make: Callable[[manifests.Placement], dict], placement: manifests.Placement
+    ) -> manifests.Placement:
+        """Create the pod ``make`` builds; where the namespace refuses pods without limits, send
+        it again with them (and every later pod at once).  The placement the next pod should use.
+
+        Learnt from the refusal rather than by reading the namespace's ResourceQuotas and
+        LimitRanges: that needs no Role verbs beyond creating pods, costs one request only
+        where limits are demanded, and follows what admission actually enforces (a
+        LimitRange default that fills limits in makes them unnecessary).
+        """
+        import dataclasses
+
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api().create_namespaced_pod(self.namespace, make(placement))
+            return placement
+        except ApiException as exc:
+            if placement.with_limits or not _needs_limits(exc):
+                raise
+        log.info("namespace %s demands limits: sending them equal to the requests", self.namespace)
+        placement = dataclasses.replace(placement, with_limits=True)
+        self.api().create_namespaced_pod(self.namespace, make(placement))
+        return placement
+
+    def _gpu_selector(self, resources: Resources) -> kube_policy.GpuSelector | None:
+        """The node label that keeps the pods on the GPU type asked for, from the nodes' own
+        labels where the context may list nodes (a namespaced Role may not: then by convention)."""
+        from kubernetes.client.exceptions import ApiException
+
+        if resources.accelerators is None:
+            self._gpu = None
+            return None
+        try:
+            nodes: list | None = [
+                dict(n.metadata.labels or {}) for n in self.api().list_node(_request_timeout=30).items
+            ]
+        except ApiException:
+            nodes = None
+        self._gpu = kube_policy.gpu_selector(resources.accelerators.name, nodes, self.gpu_label)
+        return self._gpu
 
     def _node_info(self, cluster: str, rank: int, ip: str) -> NodeInfo:
         """The head is reached by port-forward, workers through the head."""
@@ -398,7 +510,13 @@ class KubernetesBackend(Backend):
             )
         for cond in status.conditions or []:
             if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                raise ProvisionError(f"pod {name} cannot be scheduled: {cond.message}{self._events_suffix(name)}")
+                hint = ""
+                if self._gpu is not None and "node affinity/selector" in (cond.message or ""):
+                    hint = (
+                        f"; the pods need {self._gpu.describe()} ({', '.join(self._gpu.values)}): "
+                        f"see `kubectl get nodes -L {self._gpu.key}`, or name the key with --kube-gpu-label"
+                    )
+                raise ProvisionError(f"pod {name} cannot be scheduled: {cond.message}{hint}{self._events_suffix(name)}")
         for cs in status.container_statuses or []:
             waiting = cs.state.waiting if cs.state else None
             if waiting is not None and waiting.reason in FATAL_WAITING:

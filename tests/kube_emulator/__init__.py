@@ -9,6 +9,7 @@ node of the local backend.  Layout:
   (async core) and ``Emulator`` (in-process, background thread).
 - ``cluster.py``: API semantics (defaulting, validation, deletion), events, scheduler loop.
 - ``scheduler.py``: resource fit, taints, node selectors, pod anti-affinity.
+- ``admission.py``: LimitRanger, Pod Security and ResourceQuota admission of pods.
 - ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts and /etc/resolv.conf,
   exec/port-forward plumbing, reaping a SIGKILLed emulator's leftovers.
 - ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).

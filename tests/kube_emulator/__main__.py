@@ -31,8 +31,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", required=True, type=Path, help="where to write the kubeconfig once ready")
     p.add_argument("--nodes", type=int, default=3, help="emulated nodes (default 3)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu capacity of each node (default 0)")
-    p.add_argument("--cpus-per-node", default="16", help="cpu capacity of each node (default 16)")
-    p.add_argument("--memory-per-node", default="64Gi", help="memory capacity of each node (default 64Gi)")
+    p.add_argument("--cpus-per-node", default="4", help="cpu capacity of each node (default 4)")
+    p.add_argument("--memory-per-node", default="8Gi", help="memory capacity of each node (default 8Gi)")
+    p.add_argument(
+        "--gpu-product",
+        default=None,
+        metavar="PRODUCT",
+        help="label nodes nvidia.com/gpu.product=PRODUCT (e.g. NVIDIA-A100-SXM4-80GB, Tesla-T4)",
+    )
+    p.add_argument(
+        "--no-policies",
+        dest="policies",
+        action="store_false",
+        help="no Pod Security, LimitRange or ResourceQuota in the default namespace",
+    )
     p.add_argument(
         "--gpu-taint", action="store_true", help="taint GPU nodes nvidia.com/gpu=present:NoSchedule (as GKE does)"
     )
@@ -90,6 +102,8 @@ async def serve(args: argparse.Namespace) -> None:
         gpu_taint=args.gpu_taint,
         mtu=args.mtu,
         kube_version=args.kube_version,
+        gpu_product=args.gpu_product,
+        policies=args.policies,
     )
     server = EmulatorServer(
         config,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube_emulator import scheduler
+from tests.kube_emulator import admission, scheduler
 from tests.kube_emulator.dns import DnsServer
 from tests.kube_emulator.faults import Faults
 from tests.kube_emulator.kubelet import Kubelet
@@ -74,6 +74,8 @@ RESOURCES: dict[str, ResourceInfo] = {
     ),
     "secrets": ResourceInfo("secrets", "Secret", True, _RW, (), ("type",)),
     "services": ResourceInfo("services", "Service", True, _RW, ("svc",)),
+    "limitranges": ResourceInfo("limitranges", "LimitRange", True, _RW, ("limits",)),
+    "resourcequotas": ResourceInfo("resourcequotas", "ResourceQuota", True, _RW, ("quota",)),
     "persistentvolumeclaims": ResourceInfo("persistentvolumeclaims", "PersistentVolumeClaim", True, _RW, ("pvc",)),
     "events": ResourceInfo(
         "events",
@@ -215,12 +217,21 @@ class ClusterConfig:
 
     nodes: int = 3
     gpus_per_node: int = 0
-    cpus_per_node: str = "16"
-    memory_per_node: str = "64Gi"
+    #: Small nodes, as kind on a laptop or a small node pool: CI's smoke suite (3-node clusters,
+    #: two at a time under ``-n 2``) fits at the backend's default requests, and no more.
+    cpus_per_node: str = "4"
+    memory_per_node: str = "8Gi"
     gpu_taint: bool = False
     mtu: int = 65535
     #: What ``/version`` and the nodes report, and which RBAC rules of streams apply (rbac.py).
     kube_version: str = KUBERNETES_VERSION
+    #: The GPU product label value of GPU nodes (GPU feature discovery's ``nvidia.com/gpu.product``,
+    #: e.g. ``NVIDIA-A100-SXM4-80GB`` or ``Tesla-T4``); None: no product label.
+    gpu_product: str | None = None
+    #: The ``default`` namespace enforces policies as a real cluster's often does: Pod Security
+    #: "baseline", a LimitRange that defaults limits, and a ResourceQuota on requests and limits
+    #: (:meth:`Cluster.default_policies`).
+    policies: bool = True
 
 
 class Cluster:
@@ -249,6 +260,8 @@ class Cluster:
         await self.dns.start(self.kubelet.host_ip)  # on the bridge: the pods' nameserver
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self._create_namespace({"metadata": {"name": ns}})
+        if self.config.policies:
+            self.default_policies()
         for i in range(self.config.nodes):
             self.store.create("nodes", self._node(i))
         self._wake = asyncio.Event()
@@ -260,6 +273,35 @@ class Cluster:
         self.store.close_watches()
         await self.dns.stop()
         await self.kubelet.shutdown()
+
+    def default_policies(self) -> None:
+        """What an administrator commonly sets on a shared namespace, sized so that the smoke
+        suite passes: Pod Security "baseline" enforced; a LimitRange that fills in limits of
+        one node's size (and small requests for containers that state none); a ResourceQuota
+        on requests (the nodes' total) and limits (ten times that), so a pod must state both,
+        which the LimitRange's defaults see to."""
+
+        def label(ns: Obj) -> None:
+            ns["metadata"]["labels"][admission.ENFORCE_LABEL] = "baseline"
+
+        self.store.modify("namespaces", "", "default", label)
+        cpu, memory = self.config.cpus_per_node, self.config.memory_per_node
+        total_cpu = scheduler.parse_quantity(cpu) * self.config.nodes
+        total_memory = scheduler.parse_quantity(memory) * self.config.nodes
+        limits = {
+            "type": "Container",
+            "default": {"cpu": cpu, "memory": memory},
+            "defaultRequest": {"cpu": "100m", "memory": "128Mi"},
+        }
+        self.create("limitranges", "default", {"metadata": {"name": "defaults"}, "spec": {"limits": [limits]}})
+        hard = {
+            "pods": str(110 * self.config.nodes),
+            "requests.cpu": admission.format_quantity(total_cpu, False),
+            "requests.memory": admission.format_quantity(total_memory, True),
+            "limits.cpu": admission.format_quantity(total_cpu * 10, False),
+            "limits.memory": admission.format_quantity(total_memory * 10, True),
+        }
+        self.create("resourcequotas", "default", {"metadata": {"name": "compute"}, "spec": {"hard": hard}})
 
     @staticmethod
     def now() -> str:
@@ -283,6 +325,9 @@ class Cluster:
         if self.config.gpus_per_node > 0:
             capacity[scheduler.GPU] = str(self.config.gpus_per_node)
             labels["nvidia.com/gpu.present"] = "true"
+            labels["nvidia.com/gpu.count"] = str(self.config.gpus_per_node)
+        if self.config.gpu_product:
+            labels["nvidia.com/gpu.product"] = self.config.gpu_product
             if self.config.gpu_taint:
                 taints.append(dict(GPU_TAINT))
         now = self.now()
@@ -392,9 +437,13 @@ class Cluster:
         self.namespace_active(namespace)
         if self.store.get(resource, namespace, meta["name"]) is not None:
             raise _exists(resource, meta["name"])
+        if resource == "pods":
+            admission.limit_ranger_mutate(obj, self.store.items("limitranges", namespace))
         validate = getattr(self, f"_prepare_{resource}", None)
         if validate is not None:
             validate(obj)
+        if resource == "pods":
+            self._admit_pod(obj, namespace)
         created = self.store.create(resource, obj)
         if resource == "pods":
             self._queue[(namespace, meta["name"])] = meta["uid"]
@@ -639,6 +688,32 @@ class Cluster:
                     requests.setdefault(rname, qty)
         pod["status"] = {"phase": "Pending", "qosClass": _qos(containers)}
 
+    def _admit_pod(self, pod: Obj, namespace: str) -> None:
+        """The validating admission plugins, in the API server's order: LimitRanger,
+        PodSecurity, ResourceQuota (last, so only admitted pods are charged)."""
+        errors = admission.limit_ranger_validate(pod, self.store.items("limitranges", namespace))
+        if not errors:
+            ns = self.store.get("namespaces", "", namespace) or {}
+            violation = admission.pod_security(pod, ns)
+            errors = [violation] if violation else []
+        if not errors:
+            pods = list(self.store.items("pods", namespace))
+            exceeded = admission.resource_quota(pod, self.store.items("resourcequotas", namespace), pods)
+            errors = [exceeded] if exceeded else []
+        if errors:
+            name = pod["metadata"]["name"]
+            text = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {text}', {"name": name, "kind": "pods"})
+
+    def _prepare_limitranges(self, obj: Obj) -> None:
+        admission.default_limit_range(obj)
+
+    def _prepare_resourcequotas(self, obj: Obj) -> None:
+        hard = dict((obj.get("spec") or {}).get("hard") or {})
+        used = admission.quota_used(obj, self.store.items("pods", obj["metadata"]["namespace"]))
+        shown = {k: admission.format_quantity(v, k.endswith("memory")) for k, v in used.items()}
+        obj["status"] = {"hard": hard, "used": shown}
+
     def _delete_pod(self, pod: Obj, options: dict[str, Any]) -> Obj:
         meta = pod["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -689,7 +764,7 @@ class Cluster:
             obj["status"]["phase"] = "Terminating"
 
         marked = self.store.modify("namespaces", "", name, mark)
-        for resource in ("services", "secrets", "events"):
+        for resource in ("services", "secrets", "events", "limitranges", "resourcequotas"):
             for obj in list(self.store.items(resource, name)):
                 self.store.delete(resource, name, obj["metadata"]["name"])
         for pod in list(self.store.items("pods", name)):

@@ -591,6 +591,8 @@ class Emulator:
     port-forward, ``role=PATH`` the Role of the role context; ``emu.decisions()`` lists every
     authorization decision; ``emu.set_faults(pending="x-*")``
     changes faults; ``emu.pods_info()`` says where each pod lives on this machine.
+    Nodes are small (4 CPU / 8Gi) and the ``default`` namespace enforces policies
+    (``policies=False``: none); ``gpu_product="Tesla-T4"`` labels GPU nodes with that product.
     Leaving the block tears down every pod, the bridge and the state it wrote.
     """
 
@@ -599,10 +601,12 @@ class Emulator:
         *,
         nodes: int = 3,
         gpus_per_node: int = 0,
-        cpus_per_node: str = "16",
-        memory_per_node: str = "64Gi",
+        cpus_per_node: str = ClusterConfig.cpus_per_node,
+        memory_per_node: str = ClusterConfig.memory_per_node,
         gpu_taint: bool = False,
         mtu: int = 65535,
+        gpu_product: str | None = None,
+        policies: bool = True,
         state_dir: Path | str | None = None,
         kubeconfig_path: Path | str | None = None,
         faults: dict[str, Any] | None = None,
@@ -620,6 +624,8 @@ class Emulator:
             gpu_taint=gpu_taint,
             mtu=mtu,
             kube_version=kube_version,
+            gpu_product=gpu_product,
+            policies=policies,
         )
         fault_state = Faults()
         if faults:
