@@ -36,7 +36,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 600.0  # seconds; PYTEST_SKY_KUBE_TIMEOUT (pytest_sky.settings) overrides it
-FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff", "InvalidImageName", "CreateContainerError"}
+#: Waiting reasons that will not clear by themselves: the launch fails at once, quoting events.
+FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CrashLoopBackOff",
+    "InvalidImageName",
+    "CreateContainerError",
+    "CreateContainerConfigError",  # e.g. an env var from a Secret or key that does not exist
+    "RunContainerError",  # the runtime could not start the container
+}
+#: Longest watch before the wait looks at the pods' events (FailedMount has no waiting reason).
+WATCH_SLICE = 5
 
 
 def _api_message(exc: BaseException) -> str:
@@ -155,7 +166,7 @@ class KubernetesBackend(Backend):
             self.context = ctx["name"]
             if not self.requested_namespace:
                 self.namespace = ctx.get("context", {}).get("namespace") or "default"
-            config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg)
+            kube_proxy.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
             self.kubeconfig = path
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=cfg)
@@ -459,8 +470,12 @@ class KubernetesBackend(Backend):
     # -- waiting ---------------------------------------------------------------------------
 
     def _wait_running(self, cluster: str, num_nodes: int) -> list[str]:
-        """Watch the cluster's pods until every one runs; fail fast on what will never run."""
-        from kubernetes import watch
+        """List, then watch the cluster's pods until every one runs; fail fast on what never
+        will: a fatal waiting reason, a volume that cannot mount, a pod deleted under us.
+
+        A watch started with ``timeout_seconds`` gets no 410-Gone retry from the client (an
+        expired resourceVersion raises ApiException(410)): the wait re-lists and resumes."""
+        from kubernetes.client.exceptions import ApiException
 
         api = self.api()
         deadline = time.monotonic() + self.ready_timeout
@@ -468,13 +483,16 @@ class KubernetesBackend(Backend):
         names = [manifests.pod_name(cluster, r) for r in range(num_nodes)]
         while True:
             pods = api.list_namespaced_pod(self.namespace, label_selector=manifests.selector(cluster))
+            listed = {p.metadata.name for p in pods.items}
+            for name in names:
+                if name not in listed:
+                    raise self._deleted(name)
             for p in pods.items:
-                self._check_pod(p)
-                if p.status and p.status.phase == "Running" and p.status.pod_ip:
-                    ips[p.metadata.name] = p.status.pod_ip
+                self._note_pod(p, ips)
             console.counter("pods running", len(ips), num_nodes)
             if len(ips) == num_nodes:
                 return [ips[n] for n in names]
+            self._check_mounts({p.metadata.name: p.metadata.uid for p in pods.items if p.metadata.name not in ips})
             left = deadline - time.monotonic()
             if left <= 0:
                 waiting = [n for n in names if n not in ips]
@@ -482,26 +500,75 @@ class KubernetesBackend(Backend):
                     f"pods not running after {self.ready_timeout:.0f} s: {', '.join(waiting)}"
                     f"{self._events_suffix(waiting[0])}"
                 )
-            w = watch.Watch()
-            for event in w.stream(
-                api.list_namespaced_pod,
-                self.namespace,
-                label_selector=manifests.selector(cluster),
-                resource_version=pods.metadata.resource_version,
-                timeout_seconds=max(1, int(min(left, 30))),
-            ):
-                p = event["object"]
-                self._check_pod(p)
-                if p.status and p.status.phase == "Running" and p.status.pod_ip:
-                    ips[p.metadata.name] = p.status.pod_ip
-                    console.counter("pods running", len(ips), num_nodes)
-                    if len(ips) == num_nodes:
-                        w.stop()
-                        break
+            try:
+                self._watch_pods(cluster, pods.metadata.resource_version, min(left, WATCH_SLICE), ips, num_nodes)
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                log.debug("watch of %s's pods expired (410): listing again", cluster)
+            if len(ips) == num_nodes:
+                return [ips[n] for n in names]
+
+    def _watch_pods(self, cluster: str, version: str, seconds: float, ips: dict[str, str], num_nodes: int) -> None:
+        """One watch from ``version``, for at most ``seconds``, or until every pod runs."""
+        from kubernetes import watch
+
+        w = watch.Watch()
+        for event in w.stream(
+            self.api().list_namespaced_pod,
+            self.namespace,
+            label_selector=manifests.selector(cluster),
+            resource_version=version,
+            timeout_seconds=max(1, int(seconds)),
+        ):
+            p = event["object"]
+            if event["type"] == "DELETED":
+                w.stop()
+                raise self._deleted(p.metadata.name, p.metadata.uid)
+            if self._note_pod(p, ips):
+                console.counter("pods running", len(ips), num_nodes)
+            if len(ips) == num_nodes:
+                w.stop()
+                return
+
+    def _note_pod(self, pod: Any, ips: dict[str, str]) -> bool:
+        """Check ``pod`` (raises on what will never run); True when it is newly running."""
+        self._check_pod(pod)
+        new = pod.metadata.name not in ips
+        if pod.status and pod.status.phase == "Running" and pod.status.pod_ip:
+            ips[pod.metadata.name] = pod.status.pod_ip
+            return new
+        return False
+
+    def _deleted(self, pod: str, uid: str | None = None) -> ProvisionError:
+        return ProvisionError(
+            f"pod {pod} was deleted while the cluster was starting (by someone or something else: "
+            f"a user, a controller, an eviction); launch again{self._events_suffix(pod, uid=uid)}"
+        )
+
+    def _check_mounts(self, pods: dict[str, str]) -> None:
+        """A volume that cannot mount leaves the pod ContainerCreating with no waiting reason
+        of its own: only its FailedMount events say so.  A missing object ("not found": a
+        Secret, a claim) will not appear by itself; other mount errors may pass (a kubelet's
+        transient 'object ... not registered'), and stay in the timeout's message.  ``pods``
+        maps name to uid: events of an earlier pod of the same name do not count."""
+        if not pods:
+            return
+        try:
+            events = self.api().list_namespaced_event(self.namespace, field_selector="reason=FailedMount").items
+        except Exception:  # noqa: BLE001 - no events to read: the deadline still holds
+            return
+        for e in events:
+            obj = e.involved_object
+            name = obj.name if obj else None
+            if name in pods and obj.uid in (None, pods[name]) and "not found" in (e.message or ""):
+                raise ProvisionError(f"pod {name} cannot mount a volume{self._events_suffix(name, uid=obj.uid)}")
 
     def _check_pod(self, pod: Any) -> None:
         status = pod.status
         name = pod.metadata.name
+        if pod.metadata.deletion_timestamp is not None:
+            raise self._deleted(name, pod.metadata.uid)
         if status is None:
             return
         if status.phase in ("Failed", "Succeeded"):
@@ -524,9 +591,17 @@ class KubernetesBackend(Backend):
                     f"pod {name}: {waiting.reason}: {waiting.message or ''}".rstrip(": ") + self._events_suffix(name)
                 )
 
-    def _events_suffix(self, pod: str, logs: bool = False) -> str:
+    def _events_suffix(self, pod: str, logs: bool = False, uid: str | None = None) -> str:
+        """The pod's last events (and log): of this pod, by uid, not of an earlier one of its
+        name (a cluster keeps events for an hour)."""
         try:
-            events = self.api().list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}")
+            if uid is None:
+                try:
+                    uid = self.api().read_namespaced_pod(pod, self.namespace).metadata.uid
+                except Exception:  # noqa: BLE001 - gone: every event of the name, then
+                    uid = None
+            selector = f"involvedObject.name={pod}" + (f",involvedObject.uid={uid}" if uid else "")
+            events = self.api().list_namespaced_event(self.namespace, field_selector=selector)
             text = "; ".join(f"{e.reason}: {e.message}" for e in events.items[-3:] if e.message)
         except Exception:  # noqa: BLE001 - the error itself matters more than its garnish
             text = ""
@@ -584,6 +659,8 @@ class KubernetesBackend(Backend):
 
     def _wait_banners(self, pods: list[str]) -> None:
         """Ready means every pod's sshd has sent its banner through a port-forward."""
+        from kubernetes.client.exceptions import ApiException
+
         deadline = time.monotonic() + self.ready_timeout
         errors: dict[str, str] = {}
 
@@ -603,6 +680,10 @@ class KubernetesBackend(Backend):
                 except ProvisionError as exc:
                     errors[pod] = str(exc)
                     return
+                except ApiException as exc:
+                    if exc.status == 404:  # gone: no banner will ever come
+                        errors[pod] = str(self._deleted(pod))
+                        return
                 except Exception:  # noqa: BLE001 - the banner error above is the one to keep
                     pass
                 time.sleep(0.2)

@@ -12,18 +12,29 @@ It also reads the API server's refusals (:func:`refusal_message`), for itself an
 backend: a refused websocket (exec, port-forward) arrives as an ``ApiException`` with status
 0 and the handshake's status line, headers and ``Status`` body in its reason, and an RBAC
 403 names the verb and resource that were missing (:func:`rbac_line` says how to grant it).
+
+Every new proxy loads the kubeconfig again, and a user whose credential comes from an exec
+plugin (``aws eks get-token``, ``gke-gcloud-auth-plugin``: about a second each) would run it
+for every connection: :func:`load_kube_config` keeps what the plugin returned, for as long
+as its ``expirationTimestamp`` says, in a 0600 file of the user's state directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import os
 import re
 import select
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from pytest_sky.settings import state_home
 
 BANNER_TIMEOUT = 30.0
 #: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
@@ -73,6 +84,82 @@ def describe_refusal(exc: BaseException) -> str:
     """One line for a refused request: the RBAC advice where it is one, else the server's message."""
     message = refusal_message(exc)
     return rbac_line(message) or message
+
+
+#: A cached credential this close to its expiry is fetched again (clock skew, slow connects).
+EXPIRY_MARGIN = 60.0
+_exec_lock = threading.Lock()
+
+
+class _CachedCredential:
+    """What an exec credential plugin returned (its ExecCredential ``status``), kept in
+    ``<state>/kube-credentials/<hash>.json`` (0600) until ``expirationTimestamp``.  The hash
+    covers the kubeconfig path, the context and the plugin's own configuration, so another
+    context, or an edited plugin entry, never gets this credential.  A plugin that gives no
+    expiry is run every time, as the kubernetes client does across processes."""
+
+    def __init__(self, kubeconfig: str, context: str | None) -> None:
+        self.kubeconfig = os.path.abspath(kubeconfig)
+        self.context = context or ""
+
+    def path(self, exec_config: Any) -> Path:
+        plugin = json.dumps(getattr(exec_config, "value", exec_config), sort_keys=True, default=str)
+        digest = hashlib.sha256("\0".join((self.kubeconfig, self.context, plugin)).encode()).hexdigest()[:24]
+        return state_home() / "kube-credentials" / f"{digest}.json"
+
+    def read(self, path: Path) -> dict | None:
+        try:
+            status = json.loads(path.read_text())
+            expiry = datetime.datetime.fromisoformat(status["expirationTimestamp"].replace("Z", "+00:00"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        left = (expiry - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        return status if left > EXPIRY_MARGIN else None
+
+    def write(self, path: Path, status: dict) -> None:
+        if not isinstance(status.get("expirationTimestamp"), str):
+            return
+        path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state home
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(status, fh)
+        os.replace(tmp, path)
+
+    def provider(self, real: Any) -> Any:
+        """An ExecProvider that answers from the cache, running ``real`` only when it must."""
+        cache = self
+
+        class Cached:
+            def __init__(self, exec_config: Any, cwd: Any, cluster: Any = None) -> None:
+                self.args = (exec_config, cwd, cluster)
+                self.path = cache.path(exec_config)
+
+            def run(self, previous_response: Any = None) -> dict:
+                status = cache.read(self.path)
+                if status is None:
+                    status = real(*self.args).run(previous_response)
+                    cache.write(self.path, status)
+                return status
+
+        return Cached
+
+
+def load_kube_config(cfg: Any, kubeconfig: str | None, context: str | None) -> None:
+    """``kubernetes.config.load_kube_config`` into ``cfg``, with exec plugins' credentials
+    reused from the cache for their lifetime (see :class:`_CachedCredential`)."""
+    from kubernetes import config
+    from kubernetes.config import kube_config
+
+    path = (kubeconfig or os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION)).split(os.pathsep)[0]
+    with _exec_lock:  # the loader calls the module's ExecProvider: ours while this one loads
+        real = kube_config.ExecProvider
+        kube_config.ExecProvider = _CachedCredential(path, context).provider(real)
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        finally:
+            kube_config.ExecProvider = real
 
 
 def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
@@ -152,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = client.Configuration()
     try:
         if args.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=cfg)
+            load_kube_config(cfg, args.kubeconfig, args.context)
         else:
             config.load_incluster_config(client_configuration=cfg)
         api = client.CoreV1Api(client.ApiClient(cfg))

@@ -10,6 +10,22 @@ run time through ``POST /emulator/faults`` with a JSON object of these keys; a k
   ImagePullBackOff, with Failed/BackOff events); the pod stays Pending.
 - ``crash``: glob(s) of pod names whose container exits 1 at once instead of running its
   command (phase Failed, or CrashLoopBackOff under restartPolicy Always).
+- ``delete_pod``: glob(s) of pod names deleted (as ``kubectl delete pod`` does, with the pod's
+  grace period) as soon as their kubelet takes them, before their container starts: someone
+  else deleting a pod while its launch waits for it.
+- ``create_container_config_error``: glob(s) of pod names whose container cannot be
+  configured (waiting reason CreateContainerConfigError, a Failed event naming a missing
+  Secret, as for an env var from a Secret that does not exist); the pod stays Pending.
+- ``run_container_error``: glob(s) of pod names whose container the runtime fails to start
+  (waiting reason RunContainerError, a Failed event with the runtime's error); the pod stays
+  Pending.
+- ``failed_mount``: glob(s) of pod names whose first volume fails to mount as if its Secret
+  or claim did not exist (FailedMount events every 2 s; the pod stays ContainerCreating,
+  with no waiting reason of its own: only the events say why).
+- ``expire_watches``: this many of the next watches that ask for a resourceVersion are
+  answered 410 Gone ("too old resource version", as after an etcd compaction), alternately
+  as an HTTP 410 and, as the watch cache does, as a 200 whose first event is an ERROR with
+  code 410; counts down to 0.
 - ``drop_portforward_after_bytes``: every new port-forward is closed once this many bytes
   have crossed it (both directions together).
 - ``drop_portforwards``: an action, not a setting: ``true`` closes every open port-forward now.
@@ -22,8 +38,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-GLOB_KEYS = ("pending", "image_pull", "crash")
-KEYS = (*GLOB_KEYS, "drop_portforward_after_bytes", "drop_portforwards", "reset")
+GLOB_KEYS = (
+    "pending",
+    "image_pull",
+    "crash",
+    "delete_pod",
+    "create_container_config_error",
+    "run_container_error",
+    "failed_mount",
+)
+COUNT_KEYS = ("drop_portforward_after_bytes", "expire_watches")
+KEYS = (*GLOB_KEYS, *COUNT_KEYS, "drop_portforwards", "reset")
 
 
 def _globs(value: Any, key: str) -> list[str]:
@@ -43,7 +68,12 @@ class Faults:
     pending: list[str] = field(default_factory=list)
     image_pull: list[str] = field(default_factory=list)
     crash: list[str] = field(default_factory=list)
+    delete_pod: list[str] = field(default_factory=list)
+    create_container_config_error: list[str] = field(default_factory=list)
+    run_container_error: list[str] = field(default_factory=list)
+    failed_mount: list[str] = field(default_factory=list)
     drop_portforward_after_bytes: int | None = None
+    expire_watches: int | None = None
 
     def update(self, data: Mapping[str, Any]) -> bool:
         """Apply a ``POST /emulator/faults`` body; returns whether open port-forwards must drop now."""
@@ -51,25 +81,30 @@ class Faults:
         if unknown:
             raise ValueError(f"unknown fault key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
         if data.get("reset"):
-            self.pending, self.image_pull, self.crash = [], [], []
-            self.drop_portforward_after_bytes = None
+            for key in GLOB_KEYS:
+                setattr(self, key, [])
+            for key in COUNT_KEYS:
+                setattr(self, key, None)
         for key in GLOB_KEYS:
             if key in data:
                 setattr(self, key, _globs(data[key], key))
-        if "drop_portforward_after_bytes" in data:
-            value = data["drop_portforward_after_bytes"]
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"drop_portforward_after_bytes takes a byte count or null, got {value!r}")
-            self.drop_portforward_after_bytes = value
+        for key in COUNT_KEYS:
+            if key in data:
+                value = data[key]
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                    raise ValueError(f"{key} takes a count or null, got {value!r}")
+                setattr(self, key, value)
         return bool(data.get("drop_portforwards"))
 
+    def take_expired_watch(self) -> str | None:
+        """Whether this watch is to expire, and how: "status" (HTTP 410) or "event" (an ERROR)."""
+        if not self.expire_watches:
+            return None
+        left, self.expire_watches = self.expire_watches, self.expire_watches - 1
+        return "status" if left % 2 == 0 else "event"
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "pending": self.pending,
-            "image_pull": self.image_pull,
-            "crash": self.crash,
-            "drop_portforward_after_bytes": self.drop_portforward_after_bytes,
-        }
+        return {key: getattr(self, key) for key in (*GLOB_KEYS, *COUNT_KEYS)}
 
     def matches(self, kind: str, pod: Mapping[str, Any]) -> bool:
         globs: list[str] = getattr(self, kind)

@@ -353,7 +353,7 @@ class Kubelet:
                 while not rt.deleting:
                     await rt.sleep(3600)
                 return
-        if rt.deleting or mounts is None:
+        if rt.deleting or mounts is None or await self._start_fault(rt):
             return
         rt.ip = self.base + str(self._alloc_ip())
         self.cluster.store.modify("pods", rt.namespace, rt.name, lambda p: _set_ips(p, rt.ip, self.host_ip))
@@ -390,6 +390,38 @@ class Kubelet:
             with contextlib.suppress(OSError):
                 os.replace(rt.log_path, rt.root / "node.log.previous")
 
+    async def _start_fault(self, rt: PodRuntime) -> bool:
+        """An injected fault between mounting the volumes and starting the container (see
+        faults.py); True when the pod will not start (it waits, as a kubelet's does, until it
+        is deleted)."""
+        pod = self._pod(rt)
+        faults = self.cluster.faults
+        if pod is None:
+            return True
+        if faults.matches("delete_pod", pod):  # someone else's `kubectl delete pod`
+            self.cluster.delete("pods", rt.namespace, rt.name)
+            return True
+        if faults.matches("create_container_config_error", pod):
+            reason = "CreateContainerConfigError"
+            message = 'secret "team-credentials" not found (injected by the kube emulator)'
+            event = f"Error: {message}"
+        elif faults.matches("run_container_error", pod):
+            reason = "RunContainerError"
+            message = (
+                "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                "runc create failed: unable to start container process: error during container init: "
+                'error mounting "/run/pytest-sky-secret" to rootfs: permission denied: unknown '
+                "(injected by the kube emulator)"
+            )
+            event = f"Error: {message}"
+        else:
+            return False
+        self.cluster.record_event(pod, "Warning", "Failed", event, component="kubelet", container=0)
+        self._set_container(rt, waiting={"reason": reason, "message": message})
+        while not rt.deleting:
+            await rt.sleep(3600)
+        return True
+
     async def _image_pull_failure(self, rt: PodRuntime, container: dict[str, Any]) -> None:
         """ErrImagePull, then ImagePullBackOff with growing back-off, while the fault holds."""
         image = container.get("image", "")
@@ -422,6 +454,13 @@ class Kubelet:
         """Write each mounted Secret volume into the pod's directory; find each claim's
         directory (shared by every pod that mounts the claim); host dir -> mount path."""
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        if volumes and self.cluster.faults.matches("failed_mount", pod):
+            name, vol = next(iter(volumes.items()))
+            kind, missing = ("secret", vol["secret"].get("secretName")) if "secret" in vol else ("volume", name)
+            raise MountError(
+                f'MountVolume.SetUp failed for volume "{name}" : {kind} "{missing}" not found '
+                "(injected by the kube emulator)"
+            )
         mounts = Volumes()
         for vm in container.get("volumeMounts") or []:
             vol = volumes.get(vm["name"], {})

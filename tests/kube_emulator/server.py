@@ -423,8 +423,14 @@ class EmulatorServer:
         store = self.cluster.store
         watcher = Watcher(resource, namespace, labels, fields)
         timeout_s = request.query.get("timeoutSeconds")
+        version = request.query.get("resourceVersion")
+        expire = self.cluster.faults.take_expired_watch() if version not in (None, "", "0") else None
+        if expire == "status":
+            raise ApiError(410, "Expired", f"too old resource version: {version} (injected by the kube emulator)")
         try:
-            initial = store.watch(watcher, request.query.get("resourceVersion"))
+            initial = store.watch(watcher, version)
+            if expire == "event":
+                raise Expired(f"too old resource version: {version} (injected by the kube emulator)")
         except Expired as exc:
             initial = None
             expired = str(exc)
