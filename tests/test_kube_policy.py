@@ -146,3 +146,38 @@ def test_a_gpu_type_lands_on_its_own_nodes(home: Path):
         (term,) = affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
         (expr,) = term.match_expressions
         assert expr.key == "nvidia.com/gpu.product" and "NVIDIA-A100-SXM4-80GB" in expr.values
+
+
+def raw_pod(name: str, resources: dict | None = None, security: dict | None = None) -> dict:
+    container = {"name": "c", "image": "img", "command": ["/bin/sh", "-c", "true"], "resources": resources or {}}
+    if security:
+        container["securityContext"] = security
+    return {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [container]}}
+
+
+def test_the_emulator_admits_pods_as_the_api_server_does(emu: Emulator):
+    """LimitRange defaulting (a max is the default limit), "must specify" of a quota on limits,
+    and Pod Security baseline in the default namespace, with the real messages."""
+    from kubernetes.client.exceptions import ApiException
+
+    core = api(emu)
+    ns = namespace(emu, "pol-admission", limit_range={"limits": [{"type": "Container", "max": {"cpu": "2"}}]})
+    created = core.create_namespaced_pod(ns, raw_pod("capped", {"requests": {"cpu": "100m"}}))
+    try:
+        assert created.spec.containers[0].resources.limits == {"cpu": "2"}
+    finally:
+        core.delete_namespaced_pod("capped", ns)
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, raw_pod("greedy", {"requests": {"cpu": "1"}, "limits": {"cpu": "3"}}))
+    assert err.value.status == 403 and "maximum cpu usage per Container is 2, but limit is 3" in err.value.body
+    quota = namespace(emu, "pol-admission-q", quota={"hard": {"limits.memory": "1Gi"}})
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(quota, raw_pod("nolimit"))
+    assert err.value.status == 403 and "failed quota: compute: must specify limits.memory for: c" in err.value.body
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", raw_pod("root", security={"privileged": True}))
+    assert err.value.status == 403
+    assert (
+        'violates PodSecurity \\"baseline:latest\\": privileged (container \\"c\\" must not set '
+        "securityContext.privileged=true)" in err.value.body
+    )
