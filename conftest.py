@@ -35,7 +35,11 @@ def leaked_resources(scopes: list[str]) -> list[str]:
     leaks += [f"process {p}: {c}" for p, c in node_processes() if mine(c)]
     from pytest_sky.backends.netns import orphaned_cgroups
 
-    return leaks + [f"cgroup {path}" for path in orphaned_cgroups()]
+    from pytest_sky.state import drain_removals
+
+    drain_removals()
+    trash = [f"files {p}" for scope in scopes for p in (Path(scope) / "trash").glob("*")]
+    return leaks + [f"cgroup {path}" for path in orphaned_cgroups()] + trash
 
 
 @pytest.hookimpl(trylast=True)

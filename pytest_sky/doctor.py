@@ -49,9 +49,11 @@ def leftovers(store_root: Path | None = None) -> list[str]:
     out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
     out += [f"cgroup {path}" for path in node_cgroups()]
     try:
-        for record in StateStore(store_root).records():
+        store = StateStore(store_root)
+        for record in store.records():
             if not record.keep and not owner_alive(record):
                 out.append(f"record {record.name} (owner pid {record.owner_pid} is gone)")
+        out += [f"files of a torn-down cluster {path} (its process is gone)" for path in store.stale_trash()]
     except OSError:
         pass
     return out

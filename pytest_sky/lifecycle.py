@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 
 from pytest_sky import bootstrap, console, procs
@@ -159,6 +160,8 @@ def reap(store: StateStore | None = None) -> list[str]:
             log.warning("could not reap cluster %s: %s", record.name, exc)
             continue
         reaped.append(record.name)
+    for path in store.stale_trash():  # a process killed while it deleted a cluster's files
+        shutil.rmtree(path, ignore_errors=True)
     try:
         from pytest_sky.backends.local import LocalBackend
 

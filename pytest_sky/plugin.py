@@ -247,15 +247,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Last line of defence: clusters of ours that are still up are torn down."""
+    """Last line of defence: clusters of ours that are still up are torn down.  Then the
+    files of every cluster this process tore down, deleted in the background, are gone too."""
+    from pytest_sky.state import drain_removals
+
     state = session.config.stash.get(_state_key, None)
-    if state is None:
-        return
-    if not state.settings.keep_clusters:
-        for cluster in list(state.live):
-            if not cluster.is_down:
-                cluster.down()
-    state.live.clear()
+    if state is not None:
+        if not state.settings.keep_clusters:
+            for cluster in list(state.live):
+                if not cluster.is_down:
+                    cluster.down()
+        state.live.clear()
+    drain_removals()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

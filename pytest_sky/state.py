@@ -9,9 +9,11 @@ directory: pytest-xdist workers, the CLI and a reaping run may all touch records
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from pytest_sky import procs
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.settings import state_home
 
@@ -145,4 +148,108 @@ class StateStore:
             return True
 
     def forget(self, name: str) -> None:
-        shutil.rmtree(self.cluster_dir(name), ignore_errors=True)
+        """The cluster's record and files leave its name at once: one rename into ``trash/``
+        (its name is free for the next launch, and no reader lists it); the files are then
+        deleted on a thread of this process's own, which teardown does not wait for and
+        this process does before it exits (:func:`drain_removals`).  Deleting a cluster's
+        few hundred files takes 2-5 ms each on a loaded disk here: 0.2 s of a 16-node
+        teardown's 0.3 s.  A process killed before its thread finished leaves entries that
+        the next process's thread removes (they are named after their owner's pid)."""
+        d = self.cluster_dir(name)
+        trash = self.root / TRASH
+        trash.mkdir(mode=0o700, exist_ok=True)
+        dest = trash / f"{_OWNER}-{next(_SEQUENCE)}"
+        try:
+            os.rename(d, dest)
+        except FileNotFoundError:
+            return
+        except OSError:  # not renameable (a foreign mount inside?): deleted where it is
+            shutil.rmtree(d, ignore_errors=True)
+            return
+        _REMOVER.add(dest)
+
+    def stale_trash(self) -> list[Path]:
+        """Files of torn-down clusters that no live process is still deleting."""
+        return stale_trash(self.root / TRASH)
+
+
+def stale_trash(trash: Path) -> list[Path]:
+    """Entries of ``trash`` whose owner (``<pid>.<start time>`` begins their name) is gone."""
+    try:
+        entries = sorted(trash.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if not _owner_alive(p.name.split("-")[0])]
+
+
+def _owner_alive(owner: str) -> bool:
+    pid, _, start = owner.partition(".")
+    if not pid.isdigit():
+        return False
+    return procs.is_alive(int(pid), int(start) if start.isdigit() else None)
+
+
+#: Where torn-down clusters' directories wait for deletion (see :meth:`StateStore.forget`).
+TRASH = "trash"
+_SEQUENCE = itertools.count()
+_OWNER = f"{os.getpid()}.{procs.start_time(os.getpid())}"
+
+
+class _Remover:
+    """Deletes directories on a thread of its own, one after another.
+
+    Not a daemon thread: the interpreter waits for it before it exits, so a process's
+    torn-down clusters leave no files behind once it ends.  ``seconds`` is the time spent
+    deleting, so the benchmark can say what teardown no longer waits for.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[Path] = []
+        self._thread: threading.Thread | None = None
+        self.seconds = 0.0
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        global _OWNER
+        _OWNER = f"{os.getpid()}.{procs.start_time(os.getpid())}"
+        self._lock = threading.Lock()
+        self._pending, self._thread = [], None  # the parent deletes its own
+
+    def add(self, path: Path) -> None:
+        with self._lock:
+            self._pending.append(path)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(path.parent,), name="pytest-sky-remove")
+                self._thread.start()
+
+    def _run(self, trash: Path) -> None:
+        for stale in stale_trash(trash):
+            shutil.rmtree(stale, ignore_errors=True)
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    return
+                path = self._pending.pop(0)
+            started = time.perf_counter()
+            shutil.rmtree(path, ignore_errors=True)
+            self.seconds += time.perf_counter() - started
+
+    def drain(self) -> None:
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                return
+            thread.join()
+
+
+_REMOVER = _Remover()
+
+
+def drain_removals() -> float:
+    """Wait until every cluster directory this process tore down is deleted; returns the
+    seconds spent deleting so far (in the background: no teardown waited for them)."""
+    _REMOVER.drain()
+    return _REMOVER.seconds

@@ -66,6 +66,34 @@ def test_a_bridge_whose_creator_died_before_naming_it_is_reaped(tmp_path: Path) 
         netns.delete_links(IP, [name])
 
 
+def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_group(tmp_path: Path) -> None:
+    """Teardown deletes the bridge and its veths by their link group (one kernel operation);
+    a link of the host's that happens to carry the same group number stays, and so do the
+    links of every other cluster."""
+    index = free_indexes(2)
+    name, other = local.bridge_name(index), local.bridge_name(index + 1)
+    subnet, base = local.subnet_of(index)
+    group = netns.link_group(name)
+    foreign = f"tgrp{os.getpid() % 100000}"
+    assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
+    try:
+        netns.ip_batch(IP, [f"link add {name}n{r} group {group} type veth peer name {name}x{r}" for r in range(3)])
+        netns.ip_batch(IP, [f"link add {other}n0 group {netns.link_group(other)} type veth peer name {other}x0"])
+        assert Path(f"/sys/class/net/{name}/netdev_group").read_text().strip() == str(group)
+        netns.delete_cluster_links(IP, name)
+        assert [n for n in (name, *(f"{name}n{r}" for r in range(3))) if netns.link_exists(n)] == []
+        assert netns.link_exists(f"{other}n0")
+
+        assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
+        netns.ip_batch(IP, [f"link add {name}n0 group {group} type veth peer name {name}x0"])
+        netns.ip_batch(IP, [f"link add {foreign} group {group} type veth peer name {foreign}p"])
+        netns.delete_cluster_links(IP, name, [f"{name}n0"])
+        assert netns.link_exists(foreign), "a link that is not the cluster's was deleted"
+        assert not netns.link_exists(name) and not netns.link_exists(f"{name}n0")
+    finally:
+        netns.delete_links(IP, [name, f"{name}n0", f"{name}n1", f"{name}n2", f"{other}n0", foreign])
+
+
 def test_a_new_bridge_forwards_nothing(tmp_path: Path) -> None:
     index = free_indexes(1)
     name = local.bridge_name(index)

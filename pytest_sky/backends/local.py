@@ -211,18 +211,17 @@ class LocalBackend(Backend):
             for rank in range(len(data["nodes"])):  # a node another process restarted is stopped too
                 self._node(name, data, rank)
         started = self._nodes.pop(name, None)
-        if started is not None:
-            netns.stop_nodes(tools["ip"], started)
-        else:
-            netns.delete_links(tools["ip"], data.get("veths", []))
-            netns.reap_nodes(
-                data.get("nodes", []), cgroups=data.get("cgroups", []), node_dirs=data.get("node_dirs", "")
-            )
         # A launch interrupted between leasing its bridge and writing that down left no
         # journal entry for it; the bridge's alias still names this cluster's directory.
         bridge = data.get("bridge") or netns.bridge_owned_by(str(journal.cluster_dir))
+        if started is not None:
+            netns.stop_nodes(tools["ip"], started, bridge=bridge)
+            return
+        netns.reap_nodes(data.get("nodes", []), cgroups=data.get("cgroups", []), node_dirs=data.get("node_dirs", ""))
         if bridge:
-            netns.delete_links(tools["ip"], [bridge])
+            netns.delete_cluster_links(tools["ip"], bridge, data.get("veths", []))
+        else:
+            netns.delete_links(tools["ip"], data.get("veths", []))
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.

@@ -298,7 +298,7 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
             # A fixed address: a bridge otherwise takes the lowest address among its ports, and
             # when that port leaves (a node dies) every node's ARP entry for the bridge goes stale
             # for seconds, stalling the client's connection to the head.
-            [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), "type", "bridge"],
+            [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), *_group_args(name), "type", "bridge"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -421,6 +421,56 @@ def delete_links(ip: str, names: Sequence[str]) -> None:
         ip_batch(ip, [f"link del {n}" for n in present], force=True)
 
 
+#: Link groups (``ip link ... group N``) of our clusters: bridge ``psky<i>`` and its veths
+#: are in group ``LINK_GROUP_BASE + i``.  Far from 0 (every link's default) and from the small
+#: numbers a host's own ``/etc/iproute2/group`` would name.
+LINK_GROUP_BASE = 0x70730000
+
+
+def link_group(bridge: str) -> int | None:
+    """The link group of bridge ``psky<i>`` and its nodes' veths; None for any other name."""
+    match = re.fullmatch(rf"{LINK_PREFIX}(\d+)", bridge)
+    return LINK_GROUP_BASE + int(match.group(1)) if match and int(match.group(1)) < 0x10000 else None
+
+
+def _group_args(bridge: str) -> list[str]:
+    group = link_group(bridge)
+    return ["group", str(group)] if group is not None else []
+
+
+def _group_is_ours(bridge: str, group: int) -> bool:
+    """Every link in ``group`` is ``bridge`` or one of its veths (``<bridge>n<rank>``/``p``):
+    a host that happened to use the same group number for its own links keeps them."""
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        return False
+    for name in names:
+        if name.startswith(LINK_PREFIX) and not name.startswith(bridge):
+            continue  # another cluster's: in a group of its own (read only what could clash)
+        try:
+            value = int(Path(f"/sys/class/net/{name}/netdev_group").read_text())
+        except (OSError, ValueError):
+            continue
+        if value == group and not re.fullmatch(rf"{re.escape(bridge)}(?:[np]\d+)?", name):
+            return False
+    return True
+
+
+def delete_cluster_links(ip: str, bridge: str, names: Sequence[str] = ()) -> None:
+    """Delete a cluster's bridge and every veth on it in one kernel operation.
+
+    Deleting links one by one costs the kernel one network synchronisation each (about
+    20 ms apiece here: 0.3 s for 16 veths, 1.4 s for 64); deleting a link group is one
+    for all of them (0.07 s for 16 or 64).  ``names`` (links made before groups, or by a
+    caller that set none) are deleted by name afterwards, if any is still there.
+    """
+    group = link_group(bridge)
+    if group is not None and link_exists(bridge) and _group_is_ours(bridge, group):
+        ip_batch(ip, [f"link del group {group}"], force=True)
+    delete_links(ip, [*names, bridge])
+
+
 # ---------------------------------------------------------------------------- node cgroups
 
 
@@ -489,13 +539,7 @@ def _populated(path: Path) -> bool:
 def kill_cgroups(paths: Sequence[Path | str | None], timeout: float = 10.0) -> list[str]:
     """Kill every process in each cgroup and its descendants (one write each), wait until
     they are empty and remove them, innermost first; returns those still there at the deadline."""
-    live = [Path(p) for p in paths if p and os.path.isdir(p)]
-    for path in live:
-        try:
-            (path / "cgroup.kill").write_text("1")
-        except OSError:  # before Linux 5.14: signal each member until none is left
-            for sub in _cgroup_tree(path):
-                _kill_members(sub)
+    live = signal_cgroups(paths)
     deadline = time.monotonic() + timeout
     left = []
     for path in live:
@@ -503,6 +547,19 @@ def kill_cgroups(paths: Sequence[Path | str | None], timeout: float = 10.0) -> l
             if not _remove_cgroup(sub, deadline):
                 left.append(str(sub))
     return left
+
+
+def signal_cgroups(paths: Sequence[Path | str | None]) -> list[Path]:
+    """SIGKILL every process in each cgroup and below it, waiting for none of them (one
+    write each: ``cgroup.kill``); returns the cgroups that exist."""
+    live = [Path(p) for p in paths if p and os.path.isdir(p)]
+    for path in live:
+        try:
+            (path / "cgroup.kill").write_text("1")
+        except OSError:  # before Linux 5.14: signal each member until none is left
+            for sub in _cgroup_tree(path):
+                _kill_members(sub)
+    return live
 
 
 def _cgroup_tree(path: Path) -> list[Path]:
@@ -564,8 +621,8 @@ def start_nodes(
         commands = []
         for node in started:
             commands.append(
-                f"link add {node.veth} mtu {mtu} type veth peer name eth0 mtu {mtu} "
-                f"address {node_mac(node.ip)} netns {node.pid}"
+                f"link add {node.veth} mtu {mtu} {' '.join(_group_args(bridge))} type veth peer name eth0 "
+                f"mtu {mtu} address {node_mac(node.ip)} netns {node.pid}"
             )
             commands.append(f"link set {node.veth} master {bridge} up")
         ip_batch(tools["ip"], commands)
@@ -847,16 +904,25 @@ def reap_nodes(recorded: Iterable[dict], *, cgroups: Iterable[str | None] = (), 
     kill_and_wait(pids)
 
 
-def stop_nodes(ip: str, nodes: Sequence[NodeProcess]) -> None:
-    """Remove the links, then kill every node: its cgroup at once where it has one, and its
-    first process (which ends every process of its PID namespace); the last process leaving
-    frees the network namespace."""
-    delete_links(ip, [n.veth for n in nodes])
-    pids = [n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes]
-    survivors = kill_and_wait(pids)
+def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = None) -> None:
+    """Kill every node, then remove its links.
+
+    A node dies by its cgroup (one write kills every process it ever started) and by its
+    first process (which ends every process of its PID namespace, for a node without a
+    cgroup); the last process leaving frees the network namespace, which the kernel does
+    asynchronously and nothing of ours waits on: the processes, cgroups and links a later
+    launch or the leak check sees are gone when this returns.  With ``bridge`` the whole
+    cluster goes: the bridge and every veth on it in one deletion, last, so the bridge
+    (the lease on the cluster's subnet and names) is free only once nothing else named
+    after it is left (:func:`delete_cluster_links`).
+    """
+    signal_cgroups([n.cgroup for n in nodes])
+    survivors = kill_and_wait([n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes])
     stuck = kill_cgroups([n.cgroup for n in nodes])
-    if stuck:
-        log.warning("node cgroups not removed: %s", stuck)
+    if bridge:
+        delete_cluster_links(ip, bridge, [n.veth for n in nodes])
+    else:
+        delete_links(ip, [n.veth for n in nodes])
     for node in nodes:
         if node.popen is not None:
             try:
@@ -871,6 +937,8 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess]) -> None:
                         pass
     if survivors:
         log.warning("node processes still alive after SIGKILL: %s", survivors)
+    if stuck:
+        log.warning("node cgroups not removed: %s", stuck)
 
 
 # ---------------------------------------------------------------------------- faults
