@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -524,3 +524,57 @@ def _release(state: _SessionState, key: _ShareKey) -> None:
     cluster = state.shared.pop(key, None)
     if cluster is not None:
         _tear_down(state, [cluster])
+
+
+#: What the node image of examples/kubernetes/Dockerfile has (a skip for anything else says
+#: to add it there).
+NODE_IMAGE_HAS = frozenset({"python3", "torch", "mpi4py", "mpirun", "ssh", "sshd"})
+
+_PROBE = r"""for c in "$@"; do
+  case "$c" in py:*) ;; *) command -v "$c" >/dev/null 2>&1 || echo "MISSING $c" ;; esac
+done
+if command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import importlib.util, sys
+for m in sys.argv[1:]:
+    if m.startswith("py:") and importlib.util.find_spec(m[3:]) is None:
+        print("MISSING", m[3:])' "$@"
+else
+  echo "MISSING python3"
+fi
+"""
+
+
+def missing_on_nodes(cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = ()) -> list[str]:
+    """Which of ``commands`` (on PATH) and ``modules`` (importable by ``python3``) some node of
+    ``cluster`` lacks, asked on the nodes themselves: they need not have what this client has."""
+    import shlex
+
+    args = [*commands, *(f"py:{m}" for m in modules)]
+    res = cluster.run(f"set -- {shlex.join(args)}\n{_PROBE}", timeout=120)
+    missing: list[str] = []
+    for rank in res.ranks:
+        for line in rank.stdout.splitlines():
+            name = line.removeprefix("MISSING ").strip()
+            if line.startswith("MISSING ") and name not in missing:
+                missing.append(name)
+    return missing
+
+
+def require_on_nodes(
+    cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = (), install: str = ""
+) -> None:
+    """Skip the test unless every node has ``commands`` and ``modules`` (``missing_on_nodes``),
+    naming the image and the fix; ``install`` says how to get what is missing (on the local
+    backend the nodes run this machine's software)."""
+    missing = missing_on_nodes(cluster, commands=commands, modules=modules)
+    if not missing:
+        return
+    what = ", ".join(missing)
+    if cluster.backend == "kubernetes":
+        image = cluster.journal.load().get("image") or "(unknown)"
+        extra = "" if NODE_IMAGE_HAS.issuperset(missing) else f" with {install or what} added"
+        pytest.skip(
+            f"image {image} has no {what} on the nodes: "
+            f"build examples/kubernetes/Dockerfile{extra} and pass --kube-image"
+        )
+    pytest.skip(f"the nodes (this machine's software) have no {what}" + (f": {install}" if install else ""))

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from pytest_sky import Cluster, RunResult, Task
+from pytest_sky.plugin import require_on_nodes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TORCH_DDP = EXAMPLES / "torch_ddp"
@@ -31,19 +31,24 @@ MPI = EXAMPLES / "mpi"
 RUN_TIMEOUT = 120.0  # seconds; generous for 2 loaded cores, far below torchrun's own 900
 
 
-def _needs_torch() -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
+# What each test needs on the nodes (asked there: a Kubernetes image need not have what this
+# client has), and how to get it on the local backend, whose nodes run this machine's software.
+TORCH = {"modules": ("torch",), "install": "pip install 'pytest-sky[torch]'"}
+MPIRUN = {"commands": ("mpirun",), "install": "apt-get install openmpi-bin"}
+MPI4PY = {
+    "commands": ("mpirun",),
+    "modules": ("mpi4py",),
+    "install": "apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py",
+}
 
 
-def _needs_mpi() -> None:
-    if shutil.which("mpirun") is None:
-        pytest.skip("OpenMPI's mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)")
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py)")
-
-
-def _launch_and_run(sky_launch: Callable[..., Cluster], task: Task, num_nodes: int) -> tuple[Cluster, RunResult]:
-    """``sky_launch(task, num_nodes=n)``, but with a run timeout (the fixture has none)."""
+def _launch_and_run(
+    sky_launch: Callable[..., Cluster], task: Task, num_nodes: int, needs: dict[str, Sequence[str] | str]
+) -> tuple[Cluster, RunResult]:
+    """``sky_launch(task, num_nodes=n)``, skipped unless the nodes have what ``needs`` names,
+    and with a run timeout (the fixture has none)."""
     cluster = sky_launch(num_nodes=num_nodes)
+    require_on_nodes(cluster, **needs)
     res = cluster.run(task.with_overrides(num_nodes=num_nodes), timeout=RUN_TIMEOUT)
     assert res.returncode == 0, f"{res.error}\n{res.output}"
     return cluster, res
@@ -92,11 +97,10 @@ def _check_ddp(cluster: Cluster, res: RunResult, nproc: int, *, static: bool) ->
 @pytest.mark.multinode
 def test_torchrun_ddp_static_rendezvous(sky_launch):
     """2 nodes x 2 processes, ``--node_rank`` from SKYPILOT_NODE_RANK, master at the head."""
-    _needs_torch()
     task = Task.from_yaml(TORCH_DDP / "task.yaml")
     nproc = int(task.envs["NPROC_PER_NODE"])
     assert nproc == 2
-    cluster, res = _launch_and_run(sky_launch, task, 2)
+    cluster, res = _launch_and_run(sky_launch, task, 2, TORCH)
     _check_ddp(cluster, res, nproc, static=True)
 
 
@@ -104,11 +108,10 @@ def test_torchrun_ddp_static_rendezvous(sky_launch):
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_torchrun_ddp_c10d_rendezvous(sky_launch, num_nodes):
     """The nodes meet at the head's c10d endpoint under SKYPILOT_TASK_ID; torchrun ranks them."""
-    _needs_torch()
     # One process per node: the rendezvous across nodes is what is tested, and every extra
     # worker costs seconds of torch/_dynamo imports on a 2-core machine.
     task = Task.from_yaml(TORCH_DDP / "task_c10d.yaml").with_overrides(envs={"NPROC_PER_NODE": 1})
-    cluster, res = _launch_and_run(sky_launch, task, num_nodes)
+    cluster, res = _launch_and_run(sky_launch, task, num_nodes, TORCH)
     _check_ddp(cluster, res, 1, static=False)
 
 
@@ -117,9 +120,8 @@ def test_torchrun_ddp_c10d_rendezvous(sky_launch, num_nodes):
 
 @pytest.mark.multinode
 def test_allreduce_bandwidth_between_nodes(sky_launch):
-    _needs_torch()
     task = Task.from_yaml(EXAMPLES / "allreduce_bandwidth" / "task.yaml")
-    cluster, res = _launch_and_run(sky_launch, task, 2)
+    cluster, res = _launch_and_run(sky_launch, task, 2, TORCH)
     for rank in res.ranks:
         (line,) = _tagged(rank.stdout, "RANK")
         assert line["rank"] == str(rank.rank) and line["world"] == "2", line
@@ -163,9 +165,7 @@ OPENMPI_SETPGID_RACE = re.compile(r"plm:rsh: Warning: setpgid\(\d+,\d+\) failed 
 @pytest.mark.multinode
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_mpirun_hostname_across_nodes(sky_launch, num_nodes):
-    if shutil.which("mpirun") is None:
-        pytest.skip("OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
-    cluster, res = _launch_and_run(sky_launch, Task.from_yaml(MPI / "hostname.yaml"), num_nodes)
+    cluster, res = _launch_and_run(sky_launch, Task.from_yaml(MPI / "hostname.yaml"), num_nodes, MPIRUN)
     expected = [f"{cluster.name}-head"] + [f"{cluster.name}-worker{i}" for i in range(1, num_nodes)]
     # OpenMPI's rsh launcher calls setpgid() on each ssh child from both sides; when the child
     # has already exec'd, the parent's call fails with EACCES and mpirun warns (harmless, and
@@ -178,9 +178,8 @@ def test_mpirun_hostname_across_nodes(sky_launch, num_nodes):
 @pytest.mark.multinode
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_mpi4py_allreduce_across_nodes(sky_launch, num_nodes):
-    _needs_mpi()
     task = Task.from_yaml(MPI / "allreduce.yaml")
-    cluster, res = _launch_and_run(sky_launch, task, num_nodes)
+    cluster, res = _launch_and_run(sky_launch, task, num_nodes, MPI4PY)
     _check_mpi_allreduce(cluster, res.ranks[0].stdout, int(task.envs["MPI_PROCS_PER_NODE"]))
     _check_worker_ranks_idle(res)
 
@@ -188,7 +187,7 @@ def test_mpi4py_allreduce_across_nodes(sky_launch, num_nodes):
 @pytest.mark.multinode(num_nodes=2)
 def test_mpi4py_allreduce_as_detached_job(sky_cluster):
     """mpirun from a detached job: no client session, no ssh-agent, only the cluster's keys."""
-    _needs_mpi()
+    require_on_nodes(sky_cluster, **MPI4PY)
     task = Task.from_yaml(MPI / "allreduce.yaml")
     job = sky_cluster.submit(task, env={"SSH_AUTH_SOCK": ""})  # and the YAML unsets it
     status = job.wait(RUN_TIMEOUT)

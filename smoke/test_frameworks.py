@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from pytest_sky import Task
+from pytest_sky.plugin import missing_on_nodes, require_on_nodes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -51,11 +51,9 @@ def test_tf_multiworker_mirrored_strategy(sky_launch):
     """MultiWorkerMirroredStrategy with TF_CONFIG built from SKYPILOT_NODE_IPS and the node rank:
     every worker trains on its own data, so equal weight checksums prove that gradients were
     all-reduced across nodes on every step."""
-    pytest.importorskip(
-        "tensorflow", reason="TensorFlow is not installed (pip install 'pytest-sky[tensorflow]' or tensorflow-cpu)"
-    )
     task = Task.from_yaml(EXAMPLES / "tf_multiworker" / "task.yaml")
     cluster = sky_launch(num_nodes=2)
+    require_on_nodes(cluster, modules=["tensorflow"], install="pip install 'pytest-sky[tensorflow]' or tensorflow-cpu")
     res = cluster.run(task, timeout=TF_TIMEOUT_S)
     assert res.returncode == 0, res.output
     steps = task.envs["TRAIN_STEPS"]
@@ -75,14 +73,15 @@ def test_nccl_all_reduce_bandwidth_across_nodes(sky_launch, sky_backend):
     """nccl-tests' all_reduce_perf under mpirun where installed, else a torch NCCL all_reduce
     under torchrun: either way every rank of the 2-node job must have taken part and a bus
     bandwidth must come out."""
-    if shutil.which("all_reduce_perf") is None or shutil.which("mpirun") is None:
-        torch = pytest.importorskip(
-            "torch", reason="neither nccl-tests (all_reduce_perf, mpirun) nor torch is installed"
-        )
-        if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
-            pytest.skip("neither nccl-tests (all_reduce_perf, mpirun) nor a CUDA build of torch with NCCL")
     task = Task.from_yaml(EXAMPLES / "nccl_tests" / "task.yaml")
     cluster = sky_launch(num_nodes=2, gpus=gpu_request(sky_backend, 2))
+    if missing_on_nodes(cluster, commands=["all_reduce_perf", "mpirun"]):
+        require_on_nodes(cluster, modules=["torch"], install="nccl-tests (all_reduce_perf, mpirun) or torch")
+        check = "import torch, torch.distributed as d; assert torch.cuda.is_available() and d.is_nccl_available()"
+        if cluster.run(f"python3 -c '{check}'").returncode != 0:
+            pytest.skip(
+                "the nodes have neither nccl-tests (all_reduce_perf, mpirun) nor a CUDA build of torch with NCCL"
+            )
     res = cluster.run(task, timeout=NCCL_TIMEOUT_S)
     assert res.returncode == 0, res.output
     world = 2 * task.resources.gpus_per_node
@@ -109,11 +108,11 @@ def test_nccl_all_reduce_bandwidth_across_nodes(sky_launch, sky_backend):
 def test_nemo_gpt_pretraining_across_nodes(sky_launch, sky_backend):
     """A tiny NeMo GPT pretrains on mock data over every GPU of 2 nodes: every global rank
     finishes the expected steps with the same (data-parallel averaged) finite loss."""
-    pytest.importorskip(
-        "nemo", reason="NeMo is not installed (a NeMo container, or pip install 'nemo_toolkit[nlp]' + Megatron-Core)"
-    )
     task = Task.from_yaml(EXAMPLES / "nemo_gpt" / "task.yaml")
     cluster = sky_launch(num_nodes=2, gpus=gpu_request(sky_backend, 2))
+    require_on_nodes(
+        cluster, modules=["nemo"], install="a NeMo container, or pip install 'nemo_toolkit[nlp]' + Megatron-Core"
+    )
     res = cluster.run(task, timeout=NEMO_TIMEOUT_S)
     assert res.returncode == 0, res.output
     world = 2 * task.resources.gpus_per_node

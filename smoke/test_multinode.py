@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_sky import Task, run_command_in_parallel
+from pytest_sky.plugin import require_on_nodes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -118,25 +119,31 @@ def test_example_task_yaml_runs_unmodified(sky_launch):
 
 @pytest.mark.multinode
 def test_torch_gloo_allreduce_across_nodes(sky_launch):
-    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
-    cluster = sky_launch(Task.from_yaml(EXAMPLES / "torch_allreduce" / "task.yaml"))
-    res = cluster.last_result
+    task = Task.from_yaml(EXAMPLES / "torch_allreduce" / "task.yaml")
+    cluster = sky_launch(num_nodes=task.num_nodes)
+    require_on_nodes(cluster, modules=["torch"], install=TORCH_INSTALL)
+    res = cluster.run(task)
     assert res.returncode == 0, res.output
     reported = [[line for line in r.stdout.splitlines() if line.startswith("rank=")] for r in res.ranks]
     assert reported == [["rank=0 world=2 sum=3"], ["rank=1 world=2 sum=3"]], res.output
 
 
-def _checkpoint_task() -> Task:
-    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
-    return Task.from_yaml(EXAMPLES / "checkpoint_shared" / "task.yaml")
+TORCH_INSTALL = "pip install 'pytest-sky[torch]'"
+
+
+def _checkpoint_run(sky_launch, shared_dir: str | None = None):
+    """The checkpoint example on a fresh cluster whose nodes have torch (else skipped)."""
+    task = Task.from_yaml(EXAMPLES / "checkpoint_shared" / "task.yaml")
+    cluster = sky_launch(num_nodes=task.num_nodes, shared_dir=shared_dir)
+    require_on_nodes(cluster, modules=["torch"], install=TORCH_INSTALL)
+    return cluster.run(task)
 
 
 @pytest.mark.multinode
 def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch, sky_settings):
     if sky_settings.backend == "kubernetes" and not sky_settings.kube_shared_pvc:
         pytest.skip("shared_dir on Kubernetes needs a ReadWriteMany claim: pass --kube-shared-pvc NAME")
-    cluster = sky_launch(_checkpoint_task(), shared_dir="/mnt/shared")
-    res = cluster.last_result
+    res = _checkpoint_run(sky_launch, shared_dir="/mnt/shared")
     assert res.returncode == 0, res.output
     sums = {line.split("checksum=")[1] for r in res.ranks for line in r.stdout.splitlines() if "checksum=" in line}
     assert len(sums) == 1 and all("loaded" in r.stdout for r in res.ranks), res.output
@@ -145,8 +152,7 @@ def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch
 @pytest.mark.multinode
 def test_checkpoint_without_a_shared_dir_fails_clearly_as_on_a_real_cluster(sky_launch):
     """Nodes share no disk unless asked: the worker finds no checkpoint and says why."""
-    cluster = sky_launch(_checkpoint_task())
-    res = cluster.last_result
+    res = _checkpoint_run(sky_launch)
     assert res.returncode != 0
     assert "loaded checksum=" in res.ranks[0].stdout
     assert "no checkpoint at /mnt/shared/model.pt" in res.ranks[1].stdout
