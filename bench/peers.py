@@ -552,6 +552,7 @@ def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[
     section = "peers: ssh concurrency, kubernetes"
     try:
         from tests.kube_emulator import Emulator
+        from tests.kube_emulator.images import READY_IMAGE  # the default image has no sshd there
     except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
         return [
             Figure(
@@ -577,7 +578,7 @@ def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[
             num_nodes=2,
             name=namer("kube"),
             backend="kubernetes",
-            backend_options={"kubeconfig": str(emu.kubeconfig_path)},
+            backend_options={"kubeconfig": str(emu.kubeconfig_path), "image": READY_IMAGE},
         )
         try:
             argv = ["ssh", "-F", c.ssh_config, c.name, "echo hi"]

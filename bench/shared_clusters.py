@@ -40,10 +40,12 @@ MARKERS = {
 }
 
 
-def _pytest_wall(test_file: Path, kubeconfig: Path, home: Path) -> float:
-    """One whole pytest run of ``test_file`` on the Kubernetes backend; raises if a test failed."""
+def _pytest_wall(test_file: Path, kubeconfig: Path, home: Path, image: str) -> float:
+    """One whole pytest run of ``test_file`` on the Kubernetes backend (pods of ``image``);
+    raises if a test failed."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTEST_SKY_HOME": str(home)}
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kubernetes", test_file.name]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kubernetes", f"--kube-image={image}"]
+    argv.append(test_file.name)
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=test_file.parent, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
@@ -57,6 +59,7 @@ def shared_clusters(quick: bool) -> list[Figure]:
     """Ten tests with ``scope="module"`` against the same ten with a cluster each."""
     try:
         from tests.kube_emulator import Emulator
+        from tests.kube_emulator.images import READY_IMAGE  # the default image has no sshd there
     except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
         note = f"tests.kube_emulator not importable: {type(exc).__name__}: {exc}"
         return [Figure(section=SECTION, name="(not measured)", unit="s", value=None, note=note)]
@@ -71,7 +74,7 @@ def shared_clusters(quick: bool) -> list[Figure]:
             files[scope].write_text(textwrap.dedent(INNER.format(marker=marker, tests=TESTS)))
         for _ in range(reps):
             for scope, path in files.items():
-                walls[scope].append(_pytest_wall(path, emu.kubeconfig_path, root / "home"))
+                walls[scope].append(_pytest_wall(path, emu.kubeconfig_path, root / "home", READY_IMAGE))
     shared, per_test = walls["module"], walls["function"]
     ratio = median(per_test) / median(shared) if shared and per_test else None
     return [

@@ -15,3 +15,18 @@ def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTEST_SKY_HOME", str(home))
         yield home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ready_node_image() -> Iterator[str]:
+    """Kubernetes clusters in these tests run the node image of examples/kubernetes/Dockerfile
+    (``PYTEST_SKY_KUBE_IMAGE``), as CI's smoke stage passes ``--kube-image``: the emulator
+    models images, and the default one has no sshd and, like a cluster without egress, cannot
+    install one.  ``tests/test_kube_images.py`` unsets it to test exactly that."""
+    try:
+        from tests.kube_emulator.images import READY_IMAGE
+    except ImportError:  # no aiohttp: no emulator, and the Kubernetes tests skip
+        READY_IMAGE = "pytest-sky-node:torch2.13.0-cpu"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTEST_SKY_KUBE_IMAGE", READY_IMAGE)
+        yield READY_IMAGE

@@ -33,7 +33,7 @@ from kubernetes.stream import portforward, stream, ws_client  # noqa: E402
 
 from pytest_sky.backends import netns  # noqa: E402
 from pytest_sky.doctor import link_owners, node_processes  # noqa: E402
-from tests.kube_emulator import Emulator  # noqa: E402
+from tests.kube_emulator import Emulator, images  # noqa: E402
 from tests.kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
 from tests.kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
 
@@ -86,7 +86,7 @@ def pod_manifest(
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "main",
-        "image": "ubuntu:22.04",
+        "image": images.SLIM_IMAGE,  # python3 (the echo server needs it), no sshd
         "command": command or ["sleep", "infinity"],
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
     }

@@ -18,7 +18,7 @@ from pytest_sky.errors import BackendUnavailableError, ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator
+from tests.kube_emulator import Emulator, images
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
@@ -289,7 +289,7 @@ def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch:
     its ``image_id`` is the pods' image: neither is accepted and then ignored."""
     for name in ("PYTEST_SKY_BACKEND", "PYTEST_SKY_KUBERNETES", "PYTEST_SKY_KUBE_IMAGE"):
         monkeypatch.delenv(name, raising=False)
-    image = manifests.DEFAULT_IMAGE + "-task"
+    image = images.READY_REPOSITORY + ":task"  # a tag of the node image, named by the task
     task = pytest_sky.Task(
         run="hostname", num_nodes=2, resources=pytest_sky.Resources(infra="kubernetes", image_id=f"docker:{image}")
     )

@@ -58,9 +58,35 @@ CAPABILITIES = (
     "SYS_CHROOT",
 )
 
+#: How long a pod without sshd may spend installing it (apt-get update and install, or apk,
+#: or dnf) before it gives up: with egress that takes seconds; without, apt would wait out its
+#: own timeouts (minutes), so a launch could not fail within a minute.
+INSTALL_TIMEOUT_S = 40
+#: The line BOOTSTRAP prints (then exits 1) when the image has no sshd and none could be
+#: installed; the backend turns a pod that failed with it into its one-line error.
+NO_SSHD_MARKER = "pytest-sky: image-lacks-sshd:"
+#: The fix that error names.
+NO_SSHD_FIX = "build examples/kubernetes/Dockerfile, push it and pass --kube-image <that image>"
+
+# Installs openssh-server with whichever package manager the image has, each network step
+# bounded (no retries, short timeouts); BOOTSTRAP bounds the whole with `timeout`.  No single
+# quotes in it: BOOTSTRAP quotes it with them.
+_INSTALL = (
+    "set -e; if command -v apt-get >/dev/null 2>&1; then "
+    'A="-o Acquire::Retries=0 -o Acquire::http::Timeout=10 -o Acquire::https::Timeout=10 '
+    '-o APT::Update::Error-Mode=any -o Dpkg::Use-Pty=0"; '
+    "apt-get $A update -qq; "
+    "DEBIAN_FRONTEND=noninteractive apt-get $A install -y -qq --no-install-recommends openssh-server; "
+    "elif command -v apk >/dev/null 2>&1; then apk add --no-cache openssh-server; "
+    "elif command -v dnf >/dev/null 2>&1; then "
+    "dnf install -y -q --setopt=retries=0 --setopt=timeout=10 openssh-server; "
+    'else echo "no apt-get, apk or dnf in the image"; exit 1; fi'
+)
+
 # The container's first process: sshd from the Secret's keys.  Everything it writes goes to
 # $HOME or /run, never to other paths of the image (the emulator's pods share a disk).
-BOOTSTRAP = r"""set -e
+BOOTSTRAP = (
+    r"""set -e
 S=/run/pytest-sky-secret
 R=/run/pytest-sky
 mkdir -p "$R" /run/sshd
@@ -68,19 +94,24 @@ chmod 755 /run/sshd
 SSHD=$(command -v sshd || true)
 [ -n "$SSHD" ] || [ ! -x /usr/sbin/sshd ] || SSHD=/usr/sbin/sshd
 if [ -z "$SSHD" ]; then
-  echo "pytest-sky: installing openssh-server"
-  if command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
-  elif command -v apk >/dev/null 2>&1; then
-    apk add --no-cache openssh-server >/dev/null
-  elif command -v dnf >/dev/null 2>&1; then
-    dnf install -y -q openssh-server >/dev/null
+  echo "pytest-sky: no sshd in the image: installing openssh-server (at most __T__ s)"
+  T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 5 __T__"
+  code=0
+  $T /bin/sh -c '__INSTALL__' >"$R/install.log" 2>&1 || code=$?
+  if [ "$code" != 0 ]; then
+    why=$(grep -E '^(E|W|Err):' "$R/install.log" | head -n 1 | cut -c1-200)
+    [ -n "$why" ] || why=$(grep -v '^ *$' "$R/install.log" | tail -n 1 | cut -c1-200)
+    [ "$code" != 124 ] && [ "$code" != 137 ] || why="no package repository answered within __T__ s"
+    echo "__MARK__ ${why:-exit $code}"
+    exit 1
   fi
   SSHD=/usr/sbin/sshd
 fi
-[ -x "$SSHD" ] || { echo "pytest-sky: no sshd in the image and none could be installed" >&2; exit 1; }
-umask 077
+[ -x "$SSHD" ] || { echo "__MARK__ the package installed no $SSHD"; exit 1; }
+""".replace("__INSTALL__", _INSTALL)
+    .replace("__T__", str(INSTALL_TIMEOUT_S))
+    .replace("__MARK__", NO_SSHD_MARKER)
+    + r"""umask 077
 mkdir -p "$HOME/.ssh" "$HOME/.sky"
 cp "$S/authorized_keys" "$HOME/.ssh/authorized_keys"
 cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
@@ -92,6 +123,7 @@ cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
 { cat "$S/sshd_config"; echo "SetEnv PATH=$PATH"; } > "$R/sshd_config"
 exec "$SSHD" -D -e -f "$R/sshd_config"
 """
+)
 
 
 def sshd_config_text() -> str:

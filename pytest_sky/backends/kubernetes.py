@@ -572,7 +572,7 @@ class KubernetesBackend(Backend):
         if status is None:
             return
         if status.phase in ("Failed", "Succeeded"):
-            raise ProvisionError(
+            raise self._lacks_sshd(pod) or ProvisionError(
                 f"pod {name} {status.phase.lower()} before sshd came up{self._events_suffix(name, True)}"
             )
         for cond in status.conditions or []:
@@ -590,6 +590,24 @@ class KubernetesBackend(Backend):
                 raise ProvisionError(
                     f"pod {name}: {waiting.reason}: {waiting.message or ''}".rstrip(": ") + self._events_suffix(name)
                 )
+
+    def _lacks_sshd(self, pod: Any) -> ProvisionError | None:
+        """A pod whose image has no sshd, and which could not install one, said so in its log
+        (BOOTSTRAP's NO_SSHD_MARKER line, with apt's reason): that and the fix are the error."""
+        name = pod.metadata.name
+        try:
+            text = self.api().read_namespaced_pod_log(name, self.namespace, tail_lines=20)
+        except Exception:  # noqa: BLE001 - no log to read: the generic error stands
+            return None
+        lines = [line for line in (text or "").splitlines() if line.startswith(manifests.NO_SSHD_MARKER)]
+        if not lines:
+            return None
+        image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else self.image
+        why = lines[-1].removeprefix(manifests.NO_SSHD_MARKER).strip()
+        return ProvisionError(
+            f"pod {name}: image {image} lacks sshd and openssh-server could not be installed ({why}): "
+            + manifests.NO_SSHD_FIX
+        )
 
     def _events_suffix(self, pod: str, logs: bool = False, uid: str | None = None) -> str:
         """The pod's last events (and log): of this pod, by uid, not of an earlier one of its

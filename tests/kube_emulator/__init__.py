@@ -13,6 +13,7 @@ node of the local backend.  Layout:
 - ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts and /etc/resolv.conf,
   exec/port-forward plumbing, reaping a SIGKILLed emulator's leftovers.
 - ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).
+- ``images.py``: images as views of this machine's tree with named paths absent.
 - ``streams.py``: the exec and port-forward WebSocket channel protocols.
 - ``store.py``: objects, resourceVersions and watch fan-out.
 - ``rbac.py``: Role-shaped rules per token, matched as the real RBAC authorizer matches

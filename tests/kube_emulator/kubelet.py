@@ -49,7 +49,7 @@ from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
-from tests.kube_emulator import dns
+from tests.kube_emulator import dns, images
 
 if TYPE_CHECKING:
     from tests.kube_emulator.cluster import Cluster
@@ -113,6 +113,7 @@ class PodRuntime:
     task: asyncio.Task[None] | None = None
     container_id: str = ""
     started_at: str = ""
+    view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -335,6 +336,11 @@ class Kubelet:
             await self._image_pull_failure(rt, container)
             if rt.deleting:
                 return
+        view = images.lookup(container.get("image", ""))
+        if view is None:  # the emulated registry has no such image: it never pulls
+            await self._image_pull_failure(rt, container, unknown=True)
+            return
+        rt.view = view
         # Volumes: retried while they fail, as the kubelet does (a Secret may come later).
         mounts: Volumes | None = None
         while mounts is None and not rt.deleting:
@@ -422,17 +428,19 @@ class Kubelet:
             await rt.sleep(3600)
         return True
 
-    async def _image_pull_failure(self, rt: PodRuntime, container: dict[str, Any]) -> None:
-        """ErrImagePull, then ImagePullBackOff with growing back-off, while the fault holds."""
+    async def _image_pull_failure(self, rt: PodRuntime, container: dict[str, Any], unknown: bool = False) -> None:
+        """ErrImagePull, then ImagePullBackOff with growing back-off, while the fault holds
+        (for an image the emulated registry does not have: until the pod is deleted)."""
         image = container.get("image", "")
+        why = f"the kube emulator has only {images.KNOWN}" if unknown else "injected by the kube emulator"
         delay = 1.0
         while not rt.deleting:
             pod = self._pod(rt)
-            if pod is None or not self.cluster.faults.matches("image_pull", pod):
+            if pod is None or not (unknown or self.cluster.faults.matches("image_pull", pod)):
                 return
             msg = (
                 f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack '
-                f'image "{image}": not found (injected by the kube emulator)'
+                f'image "{image}": not found ({why})'
             )
             rec = self.cluster.record_event
             rec(pod, "Normal", "Pulling", f'Pulling image "{image}"', component="kubelet", container=0)
@@ -584,7 +592,7 @@ class Kubelet:
         rt.workdir = container.get("workingDir") or "/"
         rt.env = self._container_env(rt, pod, container)
         # The node inherits the emulator's cwd; a container starts in its workingDir.
-        command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
+        command = ["/bin/sh", "-c", rt.view.prelude() + 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
         return netns.NodeSpec(
             hostname=rt.hostname,
@@ -881,8 +889,8 @@ class Kubelet:
         """Whether ``command[0]`` cannot be found (the runtime refuses to exec it at all)."""
         exe = command[0]
         if "/" in exe:
-            return not exe.startswith("/run/") and not os.path.exists(exe)
-        return shutil.which(exe, path=rt.env.get("PATH", DEFAULT_PATH)) is None
+            return not exe.startswith("/run/") and (not os.path.exists(exe) or rt.view.hides(exe))
+        return rt.view.which(exe, rt.env.get("PATH", DEFAULT_PATH)) is None
 
     async def connect(self, rt: PodRuntime, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Dial ``localhost:port`` inside the pod, IPv4 then IPv6, as the kubelet's port-forward does."""
