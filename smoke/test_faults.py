@@ -215,12 +215,13 @@ def _check_elastic_recovery(
         assert own == list(range(int(start["resume_from"]) + 1, steps)), (done, own)
         assert int(done["world"]) == len(hosts), done
     # The restarted node rejoined: its steps after the crash came from a new torchrun agent.
-    (old_agent,) = {e["agent"] for e in before if e["host"] == hosts[1]}
+    ((old_agent, old_pid),) = {(e["agent"], e["agent_pid"]) for e in before if e["host"] == hosts[1]}
     (new_done,) = [e for e in finished if e["host"] == hosts[1]]
     assert new_done["agent"] != old_agent, (old_agent, new_done)
     assert [int(e["step"]) for e in events if e["tag"] == "CKPT"][-1] == steps - 1
     resumed = min(float(e["t"]) for e in events if e["tag"] == "STEP" and float(e["t"]) > killed_at)
     return (
         f"node 1 killed after step {last_before}; {len(after)} worker(s) started after it, the group that "
-        f"finished resumed at step {int(start['resume_from']) + 1} {resumed - killed_at:.1f} s after the kill"
+        f"finished resumed at step {int(start['resume_from']) + 1} {resumed - killed_at:.1f} s after the kill; "
+        f"node 1's torchrun pid {old_pid} before, {new_done['agent_pid']} after"
     )

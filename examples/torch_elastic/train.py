@@ -11,17 +11,17 @@ not at step 0.
 Every event is one line, on stdout and appended to ``CKPT_DIR/progress/<host>.log`` (where a
 test, or you, can read what happened on every node after the fact):
 
-    START t=<unix time> host=<node> worker=<id> agent=<id> restart=<n> node_rank=<n> rank=<n> world=<n>
-          resume_from=<step of the checkpoint it loaded, -1 for none>     (one line, wrapped here)
+    START t=<unix time> host=<node> worker=<id> agent=<id> agent_pid=<n> restart=<n> node_rank=<n>
+          rank=<n> world=<n> resume_from=<step of the checkpoint it loaded, -1 for none>     (one line, wrapped here)
     STEP  ... step=<n> loss=<mean loss over ranks>
     CKPT  ... step=<n>          (rank 0, after the checkpoint file is in place)
     DONE  ... step=<last step>
 
 ``worker`` is one per worker process (a new one each time torchrun starts the group again),
-``agent`` one per torchrun start (``ELASTIC_AGENT_ID``, from task.yaml), ``restart`` torchrun's
-own count of its restarts after failures (``TORCHELASTIC_RESTART_COUNT``; a restart because a
-node joined does not count).  Data is seeded by (step, rank), so a resumed run computes the
-same steps an uninterrupted one would.
+``agent`` one per torchrun start (``ELASTIC_AGENT_ID``, from task.yaml; ``agent_pid`` is its
+pid), ``restart`` torchrun's own count of its restarts after failures
+(``TORCHELASTIC_RESTART_COUNT``; a restart because a node joined does not count).  Data is
+seeded by (step, rank), so a resumed run computes the same steps an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class Progress:
             "host": host,
             "worker": uuid.uuid4().hex[:12],
             "agent": os.environ.get("ELASTIC_AGENT_ID", "?"),
+            "agent_pid": os.getppid(),  # torchrun starts its workers itself
             "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "?"),
             "node_rank": os.environ.get("GROUP_RANK", "?"),
             "rank": rank,
