@@ -23,7 +23,8 @@ from pathlib import Path
 from pytest_sky.backends.base import HomeFiles
 from pytest_sky.cluster_info import NodeInfo
 from pytest_sky.ssh import config as ssh_config
-from pytest_sky.ssh.keys import ClusterKeys, known_hosts_lines, write_private
+from pytest_sky.ssh.keys import ClusterKeys, known_host_keys, known_hosts_lines, write_private
+from pytest_sky.ssh.keys import load as load_key
 
 #: Where the agent lives in a node's home (a home file), and how a command line names it.
 AGENT_FILE = ".sky/agent.pyz"
@@ -125,6 +126,18 @@ def node_names(cluster: str, node: NodeInfo) -> list[str]:
 
 def known_hosts(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> str:
     return known_hosts_lines([([*node_names(cluster, n), n.ip], keys.hosts[n.rank]) for n in nodes])
+
+
+def client_keys(cluster_dir: Path, nodes: list[NodeInfo]) -> ClusterKeys:
+    """The cluster's keys as the client keeps them after a launch (:func:`write_client_files`:
+    its key file and its known_hosts), to write the ssh files again where an address changed.
+
+    A node's private host key never stays on the client (the node, or its Secret, holds it),
+    so the host keys here are public only: enough for every ``known_hosts``, and the node's
+    own key is what it booted with, unchanged."""
+    by_name = known_host_keys((cluster_dir / "known_hosts").read_text())
+    cluster = load_key((cluster_dir / "id_ed25519").read_bytes())
+    return ClusterKeys(cluster=cluster, hosts=tuple(by_name[n.hostname] for n in nodes))
 
 
 def home_files(keys: ClusterKeys) -> HomeFiles:

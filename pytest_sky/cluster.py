@@ -167,11 +167,19 @@ class Cluster:
         name, hostname, IP and host key, so ``StrictHostKeyChecking yes`` still passes;
         returns once its sshd sends its banner.  Its files (home, and what it wrote anywhere
         on its root) survive as a disk does; ``wipe=True`` gives it a fresh disk, holding
-        only what provisioning put in its home.  Its partitions and degradations stay."""
+        only what provisioning put in its home.  Its partitions and degradations stay.
+
+        On Kubernetes the pod is created again with the same name, labels, Secret (host key)
+        and spec, but gets a new IP, which every node's ssh files, the client's and the
+        record then name (``node_ips``, SKYPILOT_NODE_IPS); its filesystem, home included,
+        is the image's again whatever ``wipe`` says (a recreated pod's is), while the shared
+        directory's claim keeps what was written there."""
         rank = self._rank(rank)
         if rank == 0:
             self._drop_connection()
-        self._backend.restart_node(self.name, self.journal, self.info, rank, wipe)
+        info = self._backend.restart_node(self.name, self.journal, self.info, rank, wipe)
+        if info != self.info:
+            self._record = lifecycle.readdress(self._backend, self._store, self._record, info)
 
     def partition(self, group_a: list[int], group_b: list[int]) -> None:
         """Drop (never reject) every packet between the ranks of ``group_a`` and those of

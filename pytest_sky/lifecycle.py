@@ -20,6 +20,7 @@ import time
 from pytest_sky import bootstrap, console, procs
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, ProvisionConfig
+from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ProvisionError, SkyError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
@@ -120,11 +121,7 @@ def provision(
     )
     try:
         info = backend.create(config)
-        nodes = list(info.nodes)
-        backend.put_files(name, journal, info, bootstrap.peer_files(name, nodes, keys))
-        cfg = bootstrap.write_client_files(cluster_dir, name, nodes, keys, multiplex=backend.multiplex_client)
-        if backend.multiplex_client:
-            bootstrap.start_master(cfg, name)
+        _write_addresses(backend, store, name, info, keys)
         record = dataclasses.replace(record, status="UP", info=info)
         with store.locked():
             store.save(record)
@@ -137,6 +134,30 @@ def provision(
             store.forget(name)
         raise
     console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
+    return record
+
+
+def _write_addresses(backend: Backend, store: StateStore, name: str, info: ClusterInfo, keys: ClusterKeys) -> None:
+    """What names every node by its address: each node's ``~/.ssh/config`` and
+    ``known_hosts``, then the client's; and the client's shared connection, where it has one."""
+    nodes = list(info.nodes)
+    backend.put_files(name, store.journal(name), info, bootstrap.peer_files(name, nodes, keys))
+    cfg = bootstrap.write_client_files(store.cluster_dir(name), name, nodes, keys, multiplex=backend.multiplex_client)
+    if backend.multiplex_client:
+        bootstrap.start_master(cfg, name)
+
+
+def readdress(backend: Backend, store: StateStore, record: ClusterRecord, info: ClusterInfo) -> ClusterRecord:
+    """A node came back at a new address (a recreated pod): every ssh file is written again
+    as the launch wrote it, and the record saved with ``info``, so every later run (its
+    SKYPILOT_NODE_IPS), process and the CLI see the new address.  Returns the record."""
+    cluster_dir = store.cluster_dir(record.name)
+    keys = bootstrap.client_keys(cluster_dir, list(info.nodes))
+    bootstrap.stop_master(cluster_dir / "ssh_config", record.name)  # its ControlPath is rewritten
+    _write_addresses(backend, store, record.name, info, keys)
+    record = dataclasses.replace(record, info=info)
+    with store.locked():
+        store.save(record)
     return record
 
 

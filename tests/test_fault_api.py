@@ -301,11 +301,87 @@ def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tm
                 c.partition([0], [1])
             with pytest.raises(NotSupportedError, match="NetworkPolicy"):
                 c.degrade(1, rate_mbit=10)
-            with pytest.raises(NotSupportedError, match="new IP"):
-                c.restart_node(1)
             c.heal()  # nothing to undo: not an error
         finally:
             c.down()
+
+
+def _keyscan(cluster, ip: str) -> str:
+    """The ed25519 host key that answers at ``ip``, as the head sees it."""
+    res = cluster.run(f'[ "$SKYPILOT_NODE_RANK" = 0 ] || exit 0; ssh-keyscan -t ed25519 -T 10 {ip} 2>/dev/null')
+    assert res.returncode == 0, res.output
+    fields = res.ranks[0].stdout.split()
+    assert len(fields) == 3, res.output
+    return " ".join(fields[1:])
+
+
+def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new_ip(tmp_path, monkeypatch):
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+    from pytest_sky.backends import kube_manifests as manifests
+    from pytest_sky.backends.kubernetes import KubernetesBackend
+    from tests.kube_emulator import Emulator
+
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
+    with Emulator(nodes=2) as emu:
+        opts = {"kubeconfig": str(emu.kubeconfig_path)}
+        api = KubernetesBackend(**opts).api()
+        c = pytest_sky.launch(
+            num_nodes=3, name=f"rk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts
+        )
+        sel = manifests.selector(c.name)
+        try:
+            old_ip, worker1 = c.node_ips[1], f"{c.name}-worker1"
+            old_key = _keyscan(c, old_ip)
+            assert c.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || exit 0; echo x > ~/home-file').returncode == 0
+            old_uid = api.read_namespaced_pod(worker1, "default").metadata.uid
+            c.kill_node(1)
+            c.restart_node(1)
+            new = api.read_namespaced_pod(worker1, "default")
+            assert new.metadata.uid != old_uid  # a new pod, as a real restart of one is
+            assert manifests.labels(c.name, 1).items() <= new.metadata.labels.items()
+            assert [v.secret.secret_name for v in new.spec.volumes if v.secret] == [manifests.secret_name(c.name)]
+            new_ip = new.status.pod_ip
+            assert new_ip != old_ip  # the emulator hands a new address, as a real CNI does
+            # The handle, the saved record (another process, the CLI) and every run name it.
+            assert c.node_ips[1] == new_ip
+            assert pytest_sky.get_cluster(c.name).node_ips == c.node_ips
+            res = c.run(
+                'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; echo "own=$(hostname -I)"; '
+                "[ -e ~/home-file ] && echo home=kept || echo home=gone"
+            )
+            assert res.returncode == 0, res.output
+            seen = [dict(line.split("=", 1) for line in r.stdout.splitlines()) for r in res.ranks]
+            assert [s["ips"] for s in seen] == [",".join(c.node_ips)] * 3
+            assert new_ip in seen[1]["own"].split()
+            assert seen[1]["home"] == "gone"  # a recreated pod's filesystem is the image's again
+            # Same host key at the new address; strict checking from the head and from the
+            # other worker (their ssh files were rewritten) and from the client passes.
+            assert _keyscan(c, new_ip) == old_key
+            strict = "ssh -o StrictHostKeyChecking=yes -o BatchMode=yes"
+            hop = c.run(f'[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 0; {strict} {worker1} hostname -I')
+            assert hop.returncode == 0, hop.output
+            assert [hop.ranks[r].stdout.split() for r in (0, 2)] == [[new_ip], [new_ip]]
+            client = subprocess.run(
+                ["ssh", "-F", c.ssh_config, worker1, "hostname"], capture_output=True, text=True, timeout=60
+            )
+            assert client.returncode == 0 and client.stdout.strip() == worker1, client.stderr
+            # The head too: the client's port-forward and shared connection follow its new pod,
+            # and the workers reach it at its new address, strictly checked.
+            old_head = c.node_ips[0]
+            c.kill_node(0)
+            c.restart_node(0)
+            assert c.node_ips[0] != old_head
+            back = c.run(f'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; {strict} {c.name}-head hostname -I')
+            assert back.returncode == 0, back.output
+            assert [r.stdout.split() for r in back.ranks] == [[f"ips={','.join(c.node_ips)}", c.node_ips[0]]] * 3
+        finally:
+            c.down()
+        assert api.list_namespaced_pod("default", label_selector=sel).items == []
+        assert api.list_namespaced_secret("default", label_selector=sel).items == []
+        assert [
+            s.metadata.name for s in api.list_namespaced_service("default").items if s.metadata.name == c.name
+        ] == []
 
 
 # ------------------------------------------------------------------------------ pure parts

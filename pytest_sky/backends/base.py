@@ -132,9 +132,11 @@ class Backend(ABC):
         """Kill every process of node ``rank`` at once, as a machine that crashed."""
         raise NotSupportedError(f"the {self.name} backend cannot kill a node; use the local backend")
 
-    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
-        """Boot node ``rank`` again (killing it first if it runs) with its name, address and
-        host key; its disk survives unless ``wipe``.  Returns once its sshd answers."""
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
+        """Boot node ``rank`` again (killing it first if it runs) with its name and host key;
+        its disk survives unless ``wipe``.  Returns, once its sshd answers, the cluster's info
+        afterwards: ``info`` itself where the node kept its address, else with its new one
+        (a recreated Kubernetes pod), which the caller then writes into every ssh file."""
         raise NotSupportedError(f"the {self.name} backend cannot restart a node; use the local backend")
 
     def network_faults(self, journal: Journal) -> NetworkFaults:

@@ -297,13 +297,16 @@ class KubernetesBackend(Backend):
         try:
             api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
             api.create_namespaced_service(ns, manifests.service(name, ns))
+            specs: list[dict] = []
             for rank in range(config.num_nodes):
-                placement = self._create_pod(
+                placement, spec = self._create_pod(
                     lambda p, rank=rank: manifests.pod(
                         name, rank, ns, self.image, config.resources, shared, secret_keys=files, placement=p
                     ),
                     placement,
                 )
+                specs.append(spec)
+            journal.update(pod_specs=specs)  # what restart_node sends again, as it was accepted
         except ApiException as exc:
             self._cleanup(name, journal)
             policy = _policy_rejection(exc, ns)
@@ -318,8 +321,9 @@ class KubernetesBackend(Backend):
             self._cleanup(name, journal)
             raise
         try:
-            ips = self._wait_running(name, config.num_nodes)
-            self._wait_banners([manifests.pod_name(name, r) for r in range(config.num_nodes)])
+            pods = [manifests.pod_name(name, r) for r in range(config.num_nodes)]
+            ips = self._wait_running(name, pods)
+            self._wait_banners(pods)
             return ClusterInfo(
                 nodes=tuple(self._node_info(name, r, ip) for r, ip in enumerate(ips)),
                 python="python3",
@@ -351,9 +355,10 @@ class KubernetesBackend(Backend):
 
     def _create_pod(
         self, make: Callable[[manifests.Placement], dict], placement: manifests.Placement
-    ) -> manifests.Placement:
+    ) -> tuple[manifests.Placement, dict]:
         """Create the pod ``make`` builds; where the namespace refuses pods without limits, send
-        it again with them (and every later pod at once).  The placement the next pod should use.
+        it again with them (and every later pod at once).  The placement the next pod should
+        use, and the pod as the API server accepted it.
 
         Learnt from the refusal rather than by reading the namespace's ResourceQuotas and
         LimitRanges: that needs no Role verbs beyond creating pods, costs one request only
@@ -364,16 +369,18 @@ class KubernetesBackend(Backend):
 
         from kubernetes.client.exceptions import ApiException
 
+        spec = make(placement)
         try:
-            self.api().create_namespaced_pod(self.namespace, make(placement))
-            return placement
+            self.api().create_namespaced_pod(self.namespace, spec)
+            return placement, spec
         except ApiException as exc:
             if placement.with_limits or not _needs_limits(exc):
                 raise
         log.info("namespace %s demands limits: sending them equal to the requests", self.namespace)
         placement = dataclasses.replace(placement, with_limits=True)
-        self.api().create_namespaced_pod(self.namespace, make(placement))
-        return placement
+        spec = make(placement)
+        self.api().create_namespaced_pod(self.namespace, spec)
+        return placement, spec
 
     def _gpu_selector(self, resources: Resources) -> kube_policy.GpuSelector | None:
         """The node label that keeps the pods on the GPU type asked for, from the nodes' own
@@ -402,11 +409,9 @@ class KubernetesBackend(Backend):
         return NodeInfo(rank=rank, name=naming.node_name(rank), hostname=pod, ip=ip, route=route)
 
     def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
-        try:
-            self._install_node_files(list(info.nodes), files)
-        except BaseException:
-            self._cleanup(name, journal)
-            raise
+        """Into every pod at once (a failed launch is removed by its caller, a restart's
+        cluster stays as it is for the user to see or take down)."""
+        self._install_node_files(list(info.nodes), files)
 
     def _cleanup(self, name: str, journal: Journal) -> None:
         """Best-effort removal after a failed launch: the launch's own error is the one to show."""
@@ -469,8 +474,9 @@ class KubernetesBackend(Backend):
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def _wait_running(self, cluster: str, num_nodes: int) -> list[str]:
-        """List, then watch the cluster's pods until every one runs; fail fast on what never
+    def _wait_running(self, cluster: str, names: list[str]) -> list[str]:
+        """List, then watch the cluster's pods until each of ``names`` runs (every pod at a
+        launch, the recreated one at a restart), their IPs in order; fail fast on what never
         will: a fatal waiting reason, a volume that cannot mount, a pod deleted under us.
 
         A watch started with ``timeout_seconds`` gets no 410-Gone retry from the client (an
@@ -480,19 +486,20 @@ class KubernetesBackend(Backend):
         api = self.api()
         deadline = time.monotonic() + self.ready_timeout
         ips: dict[str, str] = {}
-        names = [manifests.pod_name(cluster, r) for r in range(num_nodes)]
+        num_nodes = len(names)
         while True:
-            pods = api.list_namespaced_pod(self.namespace, label_selector=manifests.selector(cluster))
-            listed = {p.metadata.name for p in pods.items}
+            listing = api.list_namespaced_pod(self.namespace, label_selector=manifests.selector(cluster))
+            pods = [p for p in listing.items if p.metadata.name in names]
+            listed = {p.metadata.name for p in pods}
             for name in names:
                 if name not in listed:
                     raise self._deleted(name)
-            for p in pods.items:
+            for p in pods:
                 self._note_pod(p, ips)
             console.counter("pods running", len(ips), num_nodes)
             if len(ips) == num_nodes:
                 return [ips[n] for n in names]
-            self._check_mounts({p.metadata.name: p.metadata.uid for p in pods.items if p.metadata.name not in ips})
+            self._check_mounts({p.metadata.name: p.metadata.uid for p in pods if p.metadata.name not in ips})
             left = deadline - time.monotonic()
             if left <= 0:
                 waiting = [n for n in names if n not in ips]
@@ -501,7 +508,7 @@ class KubernetesBackend(Backend):
                     f"{self._events_suffix(waiting[0])}"
                 )
             try:
-                self._watch_pods(cluster, pods.metadata.resource_version, min(left, WATCH_SLICE), ips, num_nodes)
+                self._watch_pods(cluster, listing.metadata.resource_version, min(left, WATCH_SLICE), ips, names)
             except ApiException as exc:
                 if exc.status != 410:
                     raise
@@ -509,8 +516,8 @@ class KubernetesBackend(Backend):
             if len(ips) == num_nodes:
                 return [ips[n] for n in names]
 
-    def _watch_pods(self, cluster: str, version: str, seconds: float, ips: dict[str, str], num_nodes: int) -> None:
-        """One watch from ``version``, for at most ``seconds``, or until every pod runs."""
+    def _watch_pods(self, cluster: str, version: str, seconds: float, ips: dict[str, str], names: list[str]) -> None:
+        """One watch from ``version``, for at most ``seconds``, or until each of ``names`` runs."""
         from kubernetes import watch
 
         w = watch.Watch()
@@ -522,12 +529,14 @@ class KubernetesBackend(Backend):
             timeout_seconds=max(1, int(seconds)),
         ):
             p = event["object"]
+            if p.metadata.name not in names:
+                continue
             if event["type"] == "DELETED":
                 w.stop()
                 raise self._deleted(p.metadata.name, p.metadata.uid)
             if self._note_pod(p, ips):
-                console.counter("pods running", len(ips), num_nodes)
-            if len(ips) == num_nodes:
+                console.counter("pods running", len(ips), len(names))
+            if len(ips) == len(names):
                 w.stop()
                 return
 
@@ -779,11 +788,39 @@ class KubernetesBackend(Backend):
             time.sleep(0.1)  # the API has no "deleted" wait short of a watch; poll its answer
         raise ProvisionError(f"pod {pod} was still there 60 s after its deletion")
 
-    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
-        raise NotSupportedError(
-            "restart_node is not supported on Kubernetes yet (a recreated pod gets a new IP, which every "
-            "node's ssh config names); use the local backend for node faults"
-        )
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
+        """Recreate the node's pod (a running one is deleted first) from the very manifest the
+        launch sent: same name, labels and Secret, so the same host key; waited for as a
+        launch waits (Running, then sshd's banner).  Returns the cluster's info with the
+        pod's new IP: a pod created again gets a new address, which the caller writes into
+        every node's ssh files.  Its container's filesystem (the home) is the image's again,
+        whatever ``wipe`` says, as a real pod's is; the shared directory's claim keeps its data."""
+        import dataclasses
+
+        from kubernetes.client.exceptions import ApiException
+
+        data = self._adopt(journal)
+        specs = data.get("pod_specs") or []
+        if rank >= len(specs):
+            raise ProvisionError(
+                f"cluster {name} was launched by a pytest-sky that did not record its pods' specs: "
+                "relaunch it to restart its nodes"
+            )
+        self.kill_node(name, journal, rank)
+        pod = manifests.pod_name(name, rank)
+        try:
+            self.api().create_namespaced_pod(self.namespace, specs[rank], _request_timeout=30)
+        except ApiException as exc:
+            reason = _policy_rejection(exc, self.namespace) or _api_message(exc)
+            raise ProvisionError(f"could not create pod {pod} again: {reason}") from None
+        try:
+            ip = self._wait_running(name, [pod])[0]
+            self._wait_banners([pod])
+        except ApiException as exc:
+            raise ProvisionError(f"waiting for pod {pod}: {_api_message(exc)}") from None
+        nodes = list(info.nodes)
+        nodes[rank] = dataclasses.replace(self._node_info(name, rank, ip), env=nodes[rank].env)
+        return dataclasses.replace(info, nodes=tuple(nodes))
 
     def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
         if faults:

@@ -265,7 +265,7 @@ class LocalBackend(Backend):
         netns.stop_nodes(netns.require_tools()["ip"], [node])
         node.pid = node.init_pid = 0  # reaped: never signal these numbers again
 
-    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> None:
+    def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
         """Boot the node from its spec in the journal: same directory (host key, sshd config,
         home, layers), same veth name and address; its network faults are applied again."""
         self.kill_node(name, journal, rank)  # a running node is rebooted
@@ -291,6 +291,7 @@ class LocalBackend(Backend):
         faults = self.network_faults(journal)
         if faults:
             self.set_network_faults(name, journal, info, faults)
+        return info  # same address, same MAC: nothing names it differently
 
     def network_faults(self, journal: Journal) -> NetworkFaults:
         return NetworkFaults.from_json(journal.load().get("faults"))

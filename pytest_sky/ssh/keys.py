@@ -36,6 +36,13 @@ def generate(comment: str) -> KeyPair:
     return KeyPair(private_openssh=private, public_line=f"{public.decode()} {comment}")
 
 
+def load(private_openssh: bytes, comment: str = "") -> KeyPair:
+    """The pair of a private key written earlier (the client's copy of the cluster key)."""
+    key = serialization.load_ssh_private_key(private_openssh, password=None)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return KeyPair(private_openssh=private_openssh, public_line=f"{public.decode()} {comment}".strip())
+
+
 @dataclass(frozen=True)
 class ClusterKeys:
     """The cluster's login key (shared by client and nodes) and one host key per node."""
@@ -65,3 +72,15 @@ def write_private(path: Path, data: bytes) -> None:
 def known_hosts_lines(entries: list[tuple[list[str], KeyPair]]) -> str:
     """known_hosts text: each node's names and addresses, then its host key."""
     return "".join(f"{','.join(names)} {key.public_key}\n" for names, key in entries)
+
+
+def known_host_keys(text: str) -> dict[str, KeyPair]:
+    """Each name of a known_hosts text (as :func:`known_hosts_lines` writes it) -> its host
+    key, public only: the private half lives on the node, never in a known_hosts."""
+    out: dict[str, KeyPair] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and not line.startswith("#"):
+            for name in fields[0].split(","):
+                out[name] = KeyPair(private_openssh=b"", public_line=" ".join(fields[1:3]))
+    return out

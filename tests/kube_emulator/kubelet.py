@@ -174,6 +174,7 @@ class Kubelet:
         self.base = ""
         self.runtimes: dict[tuple[str, str], PodRuntime] = {}
         self.used_ips: set[int] = set()
+        self.last_ip = 1  # the last octet handed out (the bridge is .1)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
         self.netns_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubelet-netns")
         self.nsenter = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin") or "nsenter"
@@ -206,9 +207,14 @@ class Kubelet:
         return self.base + "1"
 
     def _alloc_ip(self) -> int:
-        for octet in range(2, 255):
+        """The next free address after the last one handed out, as the host-local IPAM of a
+        real CNI allocates: a pod deleted and created again (same name) gets a new address,
+        never its old one straight back, so nothing may assume a pod keeps its IP."""
+        for step in range(1, 254):
+            octet = 2 + (self.last_ip - 2 + step) % 253
             if octet not in self.used_ips:
                 self.used_ips.add(octet)
+                self.last_ip = octet
                 return octet
         raise ProvisionError("the emulated cluster's /24 has no free pod address (253 pods at most)")
 
