@@ -615,3 +615,60 @@ def test_a_pods_files_are_its_own_and_an_emptydir_is_per_pod(emu: Emulator, v1: 
         assert not os.path.exists("/opt/psky-own-a") and not os.path.exists("/scratch")
     finally:
         delete_and_wait(v1, "app=own-files")
+
+
+CAP_NUMBERS = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+    "SETPCAP": 8,
+    "NET_BIND_SERVICE": 10,
+    "NET_ADMIN": 12,
+    "NET_RAW": 13,
+    "SYS_CHROOT": 18,
+    "SYS_ADMIN": 21,
+    "MKNOD": 27,
+    "AUDIT_WRITE": 29,
+    "SETFCAP": 31,
+}
+
+
+def capability_names(mask: int) -> set[str]:
+    names = {name for name, bit in CAP_NUMBERS.items() if mask >> bit & 1}
+    assert sum(1 << CAP_NUMBERS[n] for n in names) == mask, f"{mask:x} has capabilities beyond {sorted(names)}"
+    return names
+
+
+@needs_root
+def test_a_containers_capabilities_are_what_a_runtime_gives_it(emu: Emulator, v1: client.CoreV1Api) -> None:
+    """The runtime's default set, or the securityContext's drop/add, and no_new_privs: the
+    pod's sshd runs with what it would get on a real node, not with all of root's."""
+    from pytest_sky.backends import kube_manifests
+
+    show = ["/bin/sh", "-c", "grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status"]
+    contexts = {
+        "caps-default": None,
+        "caps-ours": kube_manifests.security_context(),
+        "caps-chroot-only": {"capabilities": {"drop": ["ALL"], "add": ["SYS_CHROOT"]}},
+    }
+    for name, sc in contexts.items():
+        manifest = pod_manifest(name, {"app": "caps"}, command=show, anti_affinity=None)
+        if sc is not None:
+            manifest["spec"]["containers"][0]["securityContext"] = sc
+        v1.create_namespaced_pod("default", manifest)
+    wait_for(v1, "app=caps", lambda p: p["status"].get("phase") == "Succeeded", len(contexts))
+    seen = {}
+    for name in contexts:
+        fields = dict(line.split(":\t") for line in v1.read_namespaced_pod_log(name, "default").splitlines())
+        assert fields["CapBnd"] == fields["CapEff"], fields
+        seen[name] = (capability_names(int(fields["CapBnd"], 16)), fields["NoNewPrivs"])
+    default = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE"}
+    default |= {"NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+    assert seen["caps-default"] == (default, "0")
+    assert seen["caps-ours"] == (set(kube_manifests.CAPABILITIES), "1")
+    assert seen["caps-chroot-only"] == ({"SYS_CHROOT"}, "0")
+    delete_and_wait(v1, "app=caps")

@@ -598,6 +598,9 @@ class Kubelet:
         rt.workdir = container.get("workingDir") or "/"
         rt.env = self._container_env(rt, pod, container)
         # The node inherits the emulator's cwd; a container starts in its workingDir.
+        # The capabilities apply to the container's command, after the view of its image is
+        # assembled (which mounts).
+        command = with_security_context(command, container)
         command = ["/bin/sh", "-c", rt.view.prelude() + 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
         return netns.NodeSpec(
@@ -935,6 +938,56 @@ class Kubelet:
     def log_file(self, namespace: str, name: str, uid: str, previous: bool) -> Path:
         root = self.pod_root(namespace, name, uid)
         return root / ("node.log.previous" if previous else "node.log")
+
+
+#: What a container gets without a securityContext: containerd's (and Docker's) default set.
+RUNTIME_DEFAULT_CAPABILITIES = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "NET_RAW",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+)
+
+
+def container_capabilities(container: dict[str, Any]) -> list[str] | None:
+    """The capabilities a runtime gives ``container``: its default set, less ``drop``, plus
+    ``add`` (``ALL`` in either); None for every one (``privileged``, or ``add: [ALL]``)."""
+    sc = container.get("securityContext") or {}
+    caps = sc.get("capabilities") or {}
+
+    def names(key: str) -> set[str]:
+        return {str(c).upper().removeprefix("CAP_") for c in caps.get(key) or []}
+
+    if sc.get("privileged") or "ALL" in names("add"):
+        return None
+    drop = names("drop")
+    have = set() if "ALL" in drop else set(RUNTIME_DEFAULT_CAPABILITIES) - drop
+    return sorted(have | names("add"))
+
+
+def with_security_context(command: list[str], container: dict[str, Any]) -> list[str]:
+    """``command`` under the container's capabilities (its bounding set: root keeps only
+    these across exec) and ``allowPrivilegeEscalation: false`` (no_new_privs), as a runtime
+    starts it: an emulated pod may not do what a real one could not.  (Exec sessions get
+    the emulator's own set.)"""
+    setpriv = shutil.which("setpriv")
+    caps = container_capabilities(container)
+    if setpriv is None or caps is None:
+        return command
+    argv = [setpriv, "--bounding-set", ",".join(["-all", *(f"+{c.lower()}" for c in caps)]), "--inh-caps", "-all"]
+    if (container.get("securityContext") or {}).get("allowPrivilegeEscalation") is False:
+        argv.append("--no-new-privs")
+    return [*argv, "--", *command]
 
 
 def _set_ips(pod: dict[str, Any], ip: str | None, host_ip: str) -> None:
