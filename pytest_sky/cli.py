@@ -360,6 +360,8 @@ def cmd_ssh_config(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    """Every named cluster is tried; one that cannot be torn down (its backend unreachable)
+    does not stop the others, and the error says ``--purge`` forgets it."""
     from pytest_sky.lifecycle import teardown
     from pytest_sky.state import StateStore
 
@@ -370,12 +372,25 @@ def cmd_down(args: argparse.Namespace) -> int:
     missing = [n for n in names if store.load(n) is None]
     if missing:
         raise UsageError(f"no cluster named {missing[0]!r} (see `pytest-sky status`)")
+    failed = []
     for name in names:
         record = store.load(name)
         if record is None:
             continue
-        teardown(record, store)
-        print(f"{name}: down")
+        try:
+            left = teardown(record, store, purge=args.purge)
+        except SkyError as exc:
+            console.error(f"{name}: {exc}")
+            failed.append(name)
+            continue
+        if left:
+            console.error(f"{name}: {left}")
+        print(f"{name}: {'purged' if left else 'down'}")
+    if failed:
+        raise UsageError(
+            f"not torn down: {', '.join(failed)}; if that cannot be fixed, `pytest-sky down --purge "
+            f"{' '.join(failed)}` forgets them anyway and says what may be left where"
+        )
     if not names:
         print("no clusters")
     return 0
@@ -591,10 +606,17 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.set_defaults(func=cmd_ssh_config)
 
     p = add(
-        "down", "tear clusters down (also clusters whose owner died)", "  pytest-sky down dev\n  pytest-sky down --all"
+        "down",
+        "tear clusters down (also clusters whose owner died)",
+        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones",
     )
     p.add_argument("names", nargs="*", metavar="NAME")
     p.add_argument("--all", action="store_true", help="every cluster in the state directory")
+    p.add_argument(
+        "--purge",
+        action="store_true",
+        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
+    )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
     p.set_defaults(func=cmd_down)
 

@@ -46,15 +46,28 @@ def plan_launch(task: Task | None, num_nodes: int | None, requested: Resources) 
     return task, n, resources
 
 
-def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None = None) -> None:
+def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None = None, *, purge: bool = False) -> str:
     """Remove a cluster: its client-side SSH master, its nodes, then its record.
 
     The record goes last, so a teardown that fails half-way leaves the cluster listed (and
-    reapable) rather than nodes nobody knows of.
+    reapable) rather than nodes nobody knows of.  With ``purge`` (SkyPilot's ``sky down
+    --purge``) a backend that cannot be reached or fails does not keep the record: it is
+    forgotten anyway, and the answer says why and what may be left, and where.  The answer
+    is empty when the nodes were removed.
     """
     bootstrap.stop_master(store.cluster_dir(record.name) / "ssh_config", record.name)
-    (backend or get_backend(record.backend)).destroy(record.name, store.journal(record.name))
+    journal = store.journal(record.name)
+    try:
+        backend = backend or get_backend(record.backend)
+        backend.destroy(record.name, journal)
+    except SkyError as exc:
+        if not purge:
+            raise
+        left = backend.leftovers(record.name, journal) if backend is not None else f"whatever {record.backend} made"
+        store.forget(record.name)
+        return f"forgotten without its nodes ({exc}); may be left: {left}"
     store.forget(record.name)
+    return ""
 
 
 def _own_identity() -> tuple[int, int | None]:

@@ -10,14 +10,15 @@ from pytest_sky.resources import Resources
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
 VERSIONS = ["1.30.0", "1.37.0"]
+LAUNCH = "0123456789abcdef"
 
 
 def manifests(resources: Resources, nodes: int = 3) -> list[dict]:
     out = [
-        m.secret("demo", "default", {"authorized_keys": b"ssh-ed25519 AAAA x\n", "host_key_0": b"k"}),
-        m.service("demo", "default"),
+        m.secret("demo", "default", {"authorized_keys": b"ssh-ed25519 AAAA x\n", "host_key_0": b"k"}, launch=LAUNCH),
+        m.service("demo", "default", launch=LAUNCH),
     ]
-    out += [m.pod("demo", r, "default", m.DEFAULT_IMAGE, resources) for r in range(nodes)]
+    out += [m.pod("demo", r, "default", m.DEFAULT_IMAGE, resources, launch=LAUNCH) for r in range(nodes)]
     return out
 
 
@@ -33,24 +34,29 @@ def test_strictly_valid(version: str, resources: Resources):
 
 
 def test_gpus_are_whole_devices_and_tolerated():
-    pod = m.pod("demo", 1, "default", "img", Resources.from_kwargs(gpus="V100:0.5"))
+    pod = m.pod("demo", 1, "default", "img", Resources.from_kwargs(gpus="V100:0.5"), launch=LAUNCH)
     res = pod["spec"]["containers"][0]["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "1"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
-    assert "tolerations" not in m.pod("demo", 1, "default", "img", Resources())["spec"]
+    assert "tolerations" not in m.pod("demo", 1, "default", "img", Resources(), launch=LAUNCH)["spec"]
 
 
 def test_spread_is_soft_and_names_resolve():
-    pod = m.pod("demo", 2, "default", "img", Resources())
+    pod = m.pod("demo", 2, "default", "img", Resources(), launch=LAUNCH)
     anti = pod["spec"]["affinity"]["podAntiAffinity"]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
     (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["weight"] == 100
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": {m.LABEL_CLUSTER: "demo"}}
+    assert term["podAffinityTerm"]["labelSelector"] == {
+        "matchLabels": {m.LABEL_CLUSTER: "demo", m.LABEL_LAUNCH: LAUNCH}
+    }
     assert pod["spec"]["hostname"] == "demo-worker2" and pod["spec"]["subdomain"] == "demo"
     assert pod["metadata"]["labels"][m.LABEL_ROLE] == "worker" and pod["metadata"]["labels"][m.LABEL_RANK] == "2"
-    assert m.service("demo", "default")["spec"]["clusterIP"] == "None"
+    service = m.service("demo", "default", launch=LAUNCH)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {m.LABEL_CLUSTER: "demo", m.LABEL_LAUNCH: LAUNCH}
+    assert pod["metadata"]["labels"][m.LABEL_LAUNCH] == LAUNCH
 
 
 def test_status_shows_the_requested_share_not_the_rounded_one():
@@ -61,7 +67,7 @@ def test_status_shows_the_requested_share_not_the_rounded_one():
 def test_each_pod_mounts_its_own_host_key_only():
     keys = [*m.SHARED_SECRET_KEYS, "host_key_0", "host_key_1", "host_key_2"]
     for rank in range(3):
-        pod = m.pod("demo", rank, "default", "img", Resources(), secret_keys=keys)
+        pod = m.pod("demo", rank, "default", "img", Resources(), secret_keys=keys, launch=LAUNCH)
         (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
         items = volume["secret"]["items"]
         mounted = {i["key"] for i in items}
@@ -142,7 +148,7 @@ def baseline_violations(pod: dict) -> list[str]:
 def test_pods_pass_podsecurity_baseline_with_only_what_sshd_needs(resources: Resources):
     shared = m.SharedVolume("claim", "/shared")
     for rank in range(2):
-        pod = m.pod("demo", rank, "default", "img", resources, shared)
+        pod = m.pod("demo", rank, "default", "img", resources, shared, launch=LAUNCH)
         assert baseline_violations(pod) == []
         sc = pod["spec"]["containers"][0]["securityContext"]
         # Nothing the runtime happens to grant by default: exactly the named set.
@@ -154,7 +160,7 @@ def test_pods_pass_podsecurity_baseline_with_only_what_sshd_needs(resources: Res
 
 
 def test_the_baseline_check_catches_what_baseline_forbids():
-    pod = m.pod("demo", 0, "default", "img", Resources())
+    pod = m.pod("demo", 0, "default", "img", Resources(), launch=LAUNCH)
     pod["spec"]["hostNetwork"] = True
     pod["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
     pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN")
@@ -183,7 +189,7 @@ def test_limits_and_the_gpu_node_affinity_are_strictly_valid(version: str):
     resources = Resources.from_kwargs(gpus="A100:2", cpus="3", memory="6")
     labels = [{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, {"nvidia.com/gpu.product": "Tesla-T4"}]
     placement = m.Placement(with_limits=True, gpu=gpu_selector("A100", labels, None))
-    pod = m.pod("demo", 0, "default", "img", resources, placement=placement)
+    pod = m.pod("demo", 0, "default", "img", resources, placement=placement, launch=LAUNCH)
     kubernetes_validate.validate(pod, version, strict=True)
     res = pod["spec"]["containers"][0]["resources"]
     assert res["limits"] == {"cpu": "3", "memory": "6144Mi", "nvidia.com/gpu": "2"} and res["requests"] == res["limits"]

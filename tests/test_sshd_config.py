@@ -103,7 +103,7 @@ def test_the_pod_takes_its_config_from_the_secret() -> None:
     assert boot.rstrip().endswith('exec "$SSHD" -D -e -f "$R/sshd_config"')
     assert kube_manifests.SECRET_MOUNT == "/run/pytest-sky-secret" and "S=/run/pytest-sky-secret\n" in boot
     assert kube_manifests.RUNTIME_DIR == "/run/pytest-sky" and "R=/run/pytest-sky\n" in boot
-    secret = kube_manifests.secret("c", "default", {kube_manifests.SSHD_CONFIG_KEY: b"x"})
+    secret = kube_manifests.secret("c", "default", {kube_manifests.SSHD_CONFIG_KEY: b"x"}, launch="l")
     assert list(secret["data"]) == ["sshd_config"]
 
 

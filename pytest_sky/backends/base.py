@@ -151,3 +151,8 @@ class Backend(ABC):
     def link_shaping(self) -> str:
         """How ``degrade`` is carried out here: "netem", "tbf+iptables+nfqueue" or "none"."""
         return "none"
+
+    def leftovers(self, name: str, journal: Journal) -> str:
+        """What of the cluster may still exist, and where, when its record is forgotten
+        without ``destroy`` succeeding (``pytest-sky down --purge``); read from the journal."""
+        return f"whatever the {self.name} backend made for {name} (its journal was {journal.path})"

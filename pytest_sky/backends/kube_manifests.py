@@ -20,6 +20,10 @@ from pytest_sky.ssh import sshd
 LABEL_CLUSTER = "pytest-sky/cluster"
 LABEL_ROLE = "pytest-sky/role"
 LABEL_RANK = "pytest-sky/rank"
+#: One random id per launch, on every object the launch creates: what the backend waits on,
+#: tears down and cleans up after a failed launch.  The cluster label alone is not enough:
+#: a teammate's or another CI run's same-named cluster in a shared namespace carries it too.
+LABEL_LAUNCH = "pytest-sky/launch"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pytest-sky"}
 SECRET_MOUNT = "/run/pytest-sky-secret"
 RUNTIME_DIR = "/run/pytest-sky"
@@ -141,16 +145,24 @@ def sshd_config_text() -> str:
     )
 
 
-def labels(cluster: str, rank: int | None = None) -> dict[str, str]:
+def labels(cluster: str, rank: int | None = None, *, launch: str | None = None) -> dict[str, str]:
     out = {**MANAGED_BY, LABEL_CLUSTER: cluster}
+    if launch is not None:
+        out[LABEL_LAUNCH] = launch
     if rank is not None:
         out[LABEL_ROLE] = naming.role(rank)
         out[LABEL_RANK] = str(rank)
     return out
 
 
-def selector(cluster: str) -> str:
-    return f"{LABEL_CLUSTER}={cluster}"
+def selector(cluster: str, launch: str | None = None) -> str:
+    """The cluster's objects; with ``launch``, only those one launch created."""
+    return f"{LABEL_CLUSTER}={cluster}" + (f",{LABEL_LAUNCH}={launch}" if launch is not None else "")
+
+
+def members(cluster: str, launch: str) -> dict[str, str]:
+    """The match labels of one launch's pods (the Service's selector, the spread's)."""
+    return {LABEL_CLUSTER: cluster, LABEL_LAUNCH: launch}
 
 
 pod_name = naming.node_hostname  # a pod's name is its node's hostname
@@ -160,25 +172,26 @@ def secret_name(cluster: str) -> str:
     return f"{cluster}-ssh"
 
 
-def secret(cluster: str, namespace: str, files: dict[str, bytes]) -> dict:
+def secret(cluster: str, namespace: str, files: dict[str, bytes], *, launch: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": secret_name(cluster), "namespace": namespace, "labels": labels(cluster)},
+        "metadata": {"name": secret_name(cluster), "namespace": namespace, "labels": labels(cluster, launch=launch)},
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in sorted(files.items())},
     }
 
 
-def service(cluster: str, namespace: str) -> dict:
-    """Headless: pod hostname + subdomain resolve (torch's c10d store needs node names)."""
+def service(cluster: str, namespace: str, *, launch: str) -> dict:
+    """Headless: pod hostname + subdomain resolve (torch's c10d store needs node names).
+    Its members are this launch's pods only, never another pod with the cluster's label."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
+        "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster, launch=launch)},
         "spec": {
             "clusterIP": "None",
-            "selector": {LABEL_CLUSTER: cluster},
+            "selector": members(cluster, launch),
             "ports": [{"name": "ssh", "port": 22, "targetPort": 22, "protocol": "TCP"}],
             "publishNotReadyAddresses": True,
         },
@@ -263,6 +276,17 @@ class Placement:
     gpu: GpuSelector | None = None
 
 
+def spread(cluster: str, launch: str) -> dict:
+    """Soft anti-affinity among one launch's pods: spread over machines when they fit, share
+    one when not.  Another pod with the cluster's label is not a reason to move."""
+    term = {"labelSelector": {"matchLabels": members(cluster, launch)}, "topologyKey": "kubernetes.io/hostname"}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
+
+
 def pod(
     cluster: str,
     rank: int,
@@ -272,6 +296,8 @@ def pod(
     shared: SharedVolume | None = None,
     secret_keys: Iterable[str] | None = None,
     placement: Placement | None = None,
+    *,
+    launch: str,
 ) -> dict:
     """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`)."""
     placement = placement or Placement()
@@ -281,20 +307,7 @@ def pod(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
         "enableServiceLinks": False,
-        "affinity": {
-            "podAntiAffinity": {
-                # Soft: spread over machines when they fit, share one when not.
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "weight": 100,
-                        "podAffinityTerm": {
-                            "labelSelector": {"matchLabels": {LABEL_CLUSTER: cluster}},
-                            "topologyKey": "kubernetes.io/hostname",
-                        },
-                    }
-                ]
-            }
-        },
+        "affinity": spread(cluster, launch),
         "containers": [
             {
                 "name": "node",
@@ -320,6 +333,10 @@ def pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": pod_name(cluster, rank), "namespace": namespace, "labels": labels(cluster, rank)},
+        "metadata": {
+            "name": pod_name(cluster, rank),
+            "namespace": namespace,
+            "labels": labels(cluster, rank, launch=launch),
+        },
         "spec": spec,
     }

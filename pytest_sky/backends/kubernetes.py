@@ -13,11 +13,13 @@ import base64
 import logging
 import os
 import re
+import secrets
 import shlex
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_sky import console, naming
@@ -48,6 +50,14 @@ FATAL_WAITING = {
 }
 #: Longest watch before the wait looks at the pods' events (FailedMount has no waiting reason).
 WATCH_SLICE = 5
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """One object a launch creates, by kind and name (in the backend's namespace)."""
+
+    kind: str  # "Pod", "Secret", "Service"
+    name: str
 
 
 def _api_message(exc: BaseException) -> str:
@@ -280,49 +290,27 @@ class KubernetesBackend(Backend):
     def create(self, config: ProvisionConfig) -> ClusterInfo:
         from kubernetes.client.exceptions import ApiException
 
-        api = self.api()
+        self.api()  # the context's namespace, before anything is written
         name, ns = config.name, self.namespace
         journal = config.journal
+        launch = secrets.token_hex(8)
         journal.update(
             context=self.context,
             namespace=ns,
             kubeconfig=self.kubeconfig,
             image=self.image,
+            launch=launch,
             pods=[manifests.pod_name(name, r) for r in range(config.num_nodes)],
             shared_dir=config.shared_dir,
         )
-        files = self._secret_files(config)
-        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
-        placement = manifests.Placement(gpu=self._gpu_selector(config.resources))
         try:
-            api.create_namespaced_secret(ns, manifests.secret(name, ns, files))
-            api.create_namespaced_service(ns, manifests.service(name, ns))
-            specs: list[dict] = []
-            for rank in range(config.num_nodes):
-                placement, spec = self._create_pod(
-                    lambda p, rank=rank: manifests.pod(
-                        name, rank, ns, self.image, config.resources, shared, secret_keys=files, placement=p
-                    ),
-                    placement,
-                )
-                specs.append(spec)
-            journal.update(pod_specs=specs)  # what restart_node sends again, as it was accepted
-        except ApiException as exc:
-            self._cleanup(name, journal)
-            policy = _policy_rejection(exc, ns)
-            if policy is not None:
-                raise ProvisionError(policy) from None
-            if exc.status == 403:
-                raise ProvisionError(
-                    f"no permission in namespace {ns!r} of kube context {self.context!r}: {_api_message(exc)}"
-                ) from None
-            raise ProvisionError(f"the API server refused the cluster's objects: {_api_message(exc)}") from None
+            self._create_objects(config, launch)
         except BaseException:
             self._cleanup(name, journal)
             raise
         try:
             pods = [manifests.pod_name(name, r) for r in range(config.num_nodes)]
-            ips = self._wait_running(name, pods)
+            ips = self._wait_running(manifests.selector(name, launch), pods)
             self._wait_banners(pods)
             return ClusterInfo(
                 nodes=tuple(self._node_info(name, r, ip) for r, ip in enumerate(ips)),
@@ -337,6 +325,58 @@ class KubernetesBackend(Backend):
         except BaseException:
             self._cleanup(name, journal)
             raise
+
+    def _create_objects(self, config: ProvisionConfig, launch: str) -> None:
+        """The Secret, the headless Service and the pods, each labelled with the launch; a
+        refusal is one line naming the object refused (see :meth:`_refusal`)."""
+        from kubernetes.client.exceptions import ApiException
+
+        api, name, ns = self.api(), config.name, self.namespace
+        files = self._secret_files(config)
+        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
+        placement = manifests.Placement(gpu=self._gpu_selector(config.resources))
+        ref = ObjectRef("Secret", manifests.secret_name(name))
+        try:
+            api.create_namespaced_secret(ns, manifests.secret(name, ns, files, launch=launch))
+            ref = ObjectRef("Service", name)
+            api.create_namespaced_service(ns, manifests.service(name, ns, launch=launch))
+            specs: list[dict] = []
+            for rank in range(config.num_nodes):
+                ref = ObjectRef("Pod", manifests.pod_name(name, rank))
+                placement, spec = self._create_pod(
+                    lambda p, rank=rank: manifests.pod(
+                        name,
+                        rank,
+                        ns,
+                        self.image,
+                        config.resources,
+                        shared,
+                        secret_keys=files,
+                        placement=p,
+                        launch=launch,
+                    ),
+                    placement,
+                )
+                specs.append(spec)
+            config.journal.update(pod_specs=specs)  # what restart_node sends again, as it was accepted
+        except ApiException as exc:
+            raise self._refusal(exc, ref) from None
+
+    def _refusal(self, exc: Any, ref: ObjectRef) -> ProvisionError:
+        """The one line for the API server's refusal to create one of the cluster's objects:
+        a name taken by an object that is not ours (409), a namespace policy, RBAC, the rest."""
+        where = f"namespace {self.namespace!r} of kube context {self.context!r}"
+        if exc.status == 409:
+            return ProvisionError(
+                f"a {ref.kind} named {ref.name!r} already exists in {where} and is not this launch's "
+                f"(left untouched): pick another cluster name (-c NAME), or delete that {ref.kind} if it is yours"
+            )
+        policy = _policy_rejection(exc, self.namespace)
+        if policy is not None:
+            return ProvisionError(policy)
+        if exc.status == 403:
+            return ProvisionError(f"no permission in {where}: {_api_message(exc)}")
+        return ProvisionError(f"the API server refused {ref.kind} {ref.name}: {_api_message(exc)}")
 
     @staticmethod
     def _secret_files(config: ProvisionConfig) -> dict[str, bytes]:
@@ -414,39 +454,158 @@ class KubernetesBackend(Backend):
         self._install_node_files(list(info.nodes), files)
 
     def _cleanup(self, name: str, journal: Journal) -> None:
-        """Best-effort removal after a failed launch: the launch's own error is the one to show."""
+        """Best-effort removal after a failed launch: the launch's own error is the one to show.
+        It is ``destroy``: only objects carrying this launch's label go (never one that already
+        existed and made the launch fail with a 409)."""
         try:
             self.destroy(name, journal)
         except Exception as exc:  # noqa: BLE001 - e.g. no permission to delete what we could not create
             log.warning("cleanup of %s after a failed launch: %s", name, exc)
 
     def destroy(self, name: str, journal: Journal) -> None:
+        """Delete the launch's own objects, each by name, and wait until its pods are gone.
+
+        Ours means labelled ``pytest-sky/launch=<the journal's id>``; a journal from before
+        launch ids (none in it) falls back to the objects named as ours that carry the cluster
+        label and ``managed-by: pytest-sky``.  No journal entry of pods: nothing was created.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        if not journal.load().get("pods"):
+            return
+        data = self._adopt(journal)
+        self.api()
+        try:
+            owned = self._owned(name, data)
+            head = manifests.pod_name(name, 0)
+            if data.get("shared_dir") and any(r == ObjectRef("Pod", head) for r, _ in owned):
+                self._empty_shared_dir(head, data["shared_dir"])
+            pods = {r.name: uid for r, uid in owned if r.kind == "Pod" and self._delete(r, uid)}
+            for ref, uid in owned:
+                if ref.kind != "Pod":
+                    self._delete(ref, uid)
+            self._wait_gone(pods, self._ownership_selector(name, data))
+        except ApiException as exc:
+            raise ProvisionError(f"could not delete {name}'s objects: {_api_message(exc)}") from None
+        except HTTPError as exc:  # refused, timed out, no route: the reason, not urllib3's retry story
+            reason = str(getattr(exc, "reason", None) or exc).splitlines()[0].rsplit(": ", 1)[-1][:200]
+            server = getattr(self._cfg, "host", "")
+            raise BackendUnavailableError(
+                f"cannot reach the API server of kube context {self.context!r} ({server}): {reason}"
+            ) from None
+
+    @staticmethod
+    def _ownership_selector(name: str, data: dict) -> str:
+        launch = data.get("launch")
+        return manifests.selector(name, launch) if launch else manifests.selector(name)
+
+    def _owned(self, name: str, data: dict) -> list[tuple[ObjectRef, str]]:
+        """Each object the launch may have made that exists now and is ours, with its uid.
+
+        Read one by one by name (``get``): never a collection, never someone else's object.
+        """
         from kubernetes.client.exceptions import ApiException
 
-        data = self._adopt(journal)
-        api = self.api()
-        sel = manifests.selector(name)
-        ns = self.namespace
-        if data.get("shared_dir"):
-            self._empty_shared_dir(manifests.pod_name(name, 0), data["shared_dir"])
-        for delete in (api.delete_collection_namespaced_pod, api.delete_collection_namespaced_secret):
+        refs = [ObjectRef("Pod", p) for p in data["pods"]]
+        refs += [ObjectRef("Secret", manifests.secret_name(name)), ObjectRef("Service", name)]
+        launch = data.get("launch")
+        out = []
+        for ref in refs:
             try:
-                delete(ns, label_selector=sel, grace_period_seconds=0)
+                obj = self._verbs(ref.kind)[0](ref.name, self.namespace, _request_timeout=30)
             except ApiException as exc:
-                if exc.status != 404:
-                    raise ProvisionError(f"could not delete {name}'s objects: {_api_message(exc)}") from None
+                if exc.status == 404:
+                    continue
+                raise
+            labels = obj.metadata.labels or {}
+            if launch:
+                mine = labels.get(manifests.LABEL_LAUNCH) == launch
+            else:
+                mine = labels.get(manifests.LABEL_CLUSTER) == name and all(
+                    labels.get(k) == v for k, v in manifests.MANAGED_BY.items()
+                )
+            if mine:
+                out.append((ref, obj.metadata.uid))
+            else:
+                log.info("%s %s is not %s's: left alone", ref.kind, ref.name, name)
+        return out
+
+    def _verbs(self, kind: str) -> tuple[Any, Any]:
+        api = self.api()
+        return {
+            "Pod": (api.read_namespaced_pod, api.delete_namespaced_pod),
+            "Secret": (api.read_namespaced_secret, api.delete_namespaced_secret),
+            "Service": (api.read_namespaced_service, api.delete_namespaced_service),
+        }[kind]
+
+    def _delete(self, ref: ObjectRef, uid: str) -> bool:
+        """Delete one object if it is still the one we read (a uid precondition: a same-named
+        replacement made since is never hit).  Pods get their own grace period (the spec's
+        ``terminationGracePeriodSeconds``): 0 would be a force delete on a real API server.
+        False when it was gone or replaced already."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
         try:
-            api.delete_namespaced_service(name, ns)
+            self._verbs(ref.kind)[1](ref.name, self.namespace, body=options, _request_timeout=30)
         except ApiException as exc:
-            if exc.status != 404:
-                raise ProvisionError(f"could not delete service {name}: {_api_message(exc)}") from None
-        # Deleted pods linger while they terminate: "down" means gone, so wait for that.
-        deadline = time.monotonic() + 120
-        while api.list_namespaced_pod(ns, label_selector=sel).items:
-            if time.monotonic() > deadline:
-                log.warning("pods of %s are still terminating after 120 s", name)
+            if exc.status in (404, 409):  # gone, or a new object of that name: not ours
+                return False
+            raise
+        return True
+
+    def _wait_gone(self, pods: dict[str, str], sel: str, timeout: float = 120) -> None:
+        """Deleted pods linger while they terminate: "down" means gone, so list the pods of
+        ``sel`` and watch for the DELETED event of each (by uid) until none is left."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.api()
+        deadline = time.monotonic() + timeout
+        while True:
+            listing = api.list_namespaced_pod(self.namespace, label_selector=sel, _request_timeout=30)
+            present = {p.metadata.uid for p in listing.items}
+            pods = {n: u for n, u in pods.items() if u in present}
+            left = deadline - time.monotonic()
+            if not pods or left <= 0:
                 break
-            time.sleep(0.1)
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    api.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=sel,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=max(1, int(min(left, 30))),
+                ):
+                    if (
+                        event["type"] == "DELETED"
+                        and pods.get(event["object"].metadata.name) == event["object"].metadata.uid
+                    ):
+                        del pods[event["object"].metadata.name]
+                        if not pods:
+                            w.stop()
+            except ApiException as exc:
+                if exc.status != 410:  # 410 Gone: the list above is re-read
+                    raise
+        if pods:
+            log.warning("pods of %s are still terminating after %.0f s: %s", sel, timeout, ", ".join(sorted(pods)))
+
+    def leftovers(self, name: str, journal: Journal) -> str:
+        """Where this cluster's objects may still be, for a record forgotten without them."""
+        data = journal.load()
+        if not data.get("pods"):
+            return "nothing: no object was created"
+        ns = data.get("namespace") or self.namespace
+        objects = [f"pod/{p}" for p in data["pods"]] + [f"secret/{manifests.secret_name(name)}", f"service/{name}"]
+        launch = data.get("launch")
+        sel = f"{manifests.LABEL_LAUNCH}={launch}" if launch else manifests.selector(name)
+        return (
+            f"kube context {data.get('context')!r}, namespace {ns!r}: {' '.join(objects)} "
+            f"(remove them with `kubectl --context {data.get('context')} delete pod,secret,service -n {ns} -l {sel}`)"
+        )
 
     def _empty_shared_dir(self, head: str, path: str) -> None:
         """The cluster's directory in the shared claim goes with the cluster: emptied from the
@@ -474,10 +633,11 @@ class KubernetesBackend(Backend):
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def _wait_running(self, cluster: str, names: list[str]) -> list[str]:
-        """List, then watch the cluster's pods until each of ``names`` runs (every pod at a
-        launch, the recreated one at a restart), their IPs in order; fail fast on what never
-        will: a fatal waiting reason, a volume that cannot mount, a pod deleted under us.
+    def _wait_running(self, sel: str, names: list[str]) -> list[str]:
+        """List, then watch the pods of ``sel`` (one launch's: another pod with the cluster's
+        label is not ours) until each of ``names`` runs (every pod at a launch, the recreated
+        one at a restart), their IPs in order; fail fast on what never will: a fatal waiting
+        reason, a volume that cannot mount, a pod deleted under us.
 
         A watch started with ``timeout_seconds`` gets no 410-Gone retry from the client (an
         expired resourceVersion raises ApiException(410)): the wait re-lists and resumes."""
@@ -488,7 +648,7 @@ class KubernetesBackend(Backend):
         ips: dict[str, str] = {}
         num_nodes = len(names)
         while True:
-            listing = api.list_namespaced_pod(self.namespace, label_selector=manifests.selector(cluster))
+            listing = api.list_namespaced_pod(self.namespace, label_selector=sel)
             pods = [p for p in listing.items if p.metadata.name in names]
             listed = {p.metadata.name for p in pods}
             for name in names:
@@ -508,23 +668,24 @@ class KubernetesBackend(Backend):
                     f"{self._events_suffix(waiting[0])}"
                 )
             try:
-                self._watch_pods(cluster, listing.metadata.resource_version, min(left, WATCH_SLICE), ips, names)
+                self._watch_pods(sel, listing.metadata.resource_version, min(left, WATCH_SLICE), ips, names)
             except ApiException as exc:
                 if exc.status != 410:
                     raise
-                log.debug("watch of %s's pods expired (410): listing again", cluster)
+                log.debug("watch of the pods of %s expired (410): listing again", sel)
             if len(ips) == num_nodes:
                 return [ips[n] for n in names]
 
-    def _watch_pods(self, cluster: str, version: str, seconds: float, ips: dict[str, str], names: list[str]) -> None:
-        """One watch from ``version``, for at most ``seconds``, or until each of ``names`` runs."""
+    def _watch_pods(self, sel: str, version: str, seconds: float, ips: dict[str, str], names: list[str]) -> None:
+        """One watch of the pods of ``sel`` from ``version``, for at most ``seconds``, or until
+        each of ``names`` runs."""
         from kubernetes import watch
 
         w = watch.Watch()
         for event in w.stream(
             self.api().list_namespaced_pod,
             self.namespace,
-            label_selector=manifests.selector(cluster),
+            label_selector=sel,
             resource_version=version,
             timeout_seconds=max(1, int(seconds)),
         ):
@@ -814,7 +975,7 @@ class KubernetesBackend(Backend):
             reason = _policy_rejection(exc, self.namespace) or _api_message(exc)
             raise ProvisionError(f"could not create pod {pod} again: {reason}") from None
         try:
-            ip = self._wait_running(name, [pod])[0]
+            ip = self._wait_running(self._ownership_selector(name, data), [pod])[0]
             self._wait_banners([pod])
         except ApiException as exc:
             raise ProvisionError(f"waiting for pod {pod}: {_api_message(exc)}") from None

@@ -463,6 +463,7 @@ class Cluster:
         obj = self.get(resource, namespace, name)
         if resource == "nodes":
             raise ApiError(405, "MethodNotAllowed", "the emulator's nodes cannot be deleted")
+        _check_preconditions(resource, obj, (options or {}).get("preconditions") or {})
         if resource == "pods":
             return self._delete_pod(obj, options or {})
         if resource == "namespaces":
@@ -1004,6 +1005,22 @@ class Cluster:
 
             pod = self.store.modify("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], mark) or pod
         self.record_event(pod, "Warning", "FailedScheduling", message, component="default-scheduler")
+
+
+def _check_preconditions(resource: str, obj: Obj, preconditions: dict[str, Any]) -> None:
+    """DeleteOptions ``preconditions``: a uid or resourceVersion that is not the object's is
+    409 Conflict, as the real registry answers (the delete then touches nothing)."""
+    meta = obj["metadata"]
+    for key, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        wanted = preconditions.get(key)
+        if wanted and wanted != meta.get(key):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {resource} "{meta["name"]}": Precondition failed: '
+                f"{label} in precondition: {wanted}, {label} in object meta: {meta.get(key)}",
+                {"name": meta["name"], "kind": resource},
+            )
 
 
 def _exists(resource: str, name: str) -> ApiError:

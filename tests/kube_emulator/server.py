@@ -27,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -103,6 +105,19 @@ def _strip_list_item(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
 
 
+@dataclass(frozen=True)
+class Deletion:
+    """One delete of one object, with the DeleteOptions it came with (``EmulatorServer.deletions``):
+    which verbs a client used is in the RBAC decisions; how it deleted (grace period,
+    preconditions) only here."""
+
+    user: str
+    resource: str
+    namespace: str
+    name: str
+    options: dict[str, Any]
+
+
 class EmulatorServer:
     """The emulated API server, its cluster and its kubeconfig."""
 
@@ -140,6 +155,8 @@ class EmulatorServer:
         self._runner: web.AppRunner | None = None
         self._wrote_kubeconfig = False
         self.url = ""
+        #: Every single-object delete, in order (the admin endpoint /emulator/deletions serves it).
+        self.deletions: list[Deletion] = []
 
     # -- life -------------------------------------------------------------------------------
 
@@ -334,6 +351,8 @@ class EmulatorServer:
                     raise ApiError(400, "BadRequest", str(exc)) from None
         if path == "/emulator/pods" and request.method == "GET":
             return _json(self.pods_info())
+        if path == "/emulator/deletions" and request.method == "GET":
+            return _json([dataclasses.asdict(d) for d in self.deletions])
         if path == "/emulator/info" and request.method == "GET":
             return _json(self.info())
         raise ApiError(404, "NotFound", f"no admin endpoint {request.method} {path}")
@@ -387,6 +406,9 @@ class EmulatorServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         verbs = connect_verbs(method, self.kube_version) if verb == "connect" else (verb,)
         self._authorize(user, verbs, resource, namespace, name, sub)
+        options = await self._body(request) if verb in ("delete", "deletecollection") else None
+        if verb == "delete" and name is not None:
+            self.deletions.append(Deletion(user.user, resource, namespace or "", name, options or {}))
         ns = namespace or ""
 
         if verb in ("list", "watch", "deletecollection"):
@@ -395,7 +417,7 @@ class EmulatorServer:
             if verb == "watch":
                 return await self._watch(request, resource, namespace, labels, fields)
             if verb == "deletecollection":
-                return _json(cluster.delete_collection(resource, namespace, labels, fields, await self._body(request)))
+                return _json(cluster.delete_collection(resource, namespace, labels, fields, options))
             items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
             return _json(_paginate(f"{info.kind}List", items, cluster.store.rv, query))
         if verb == "create" and name is None:
@@ -410,7 +432,7 @@ class EmulatorServer:
         if verb == "get":
             return _json(cluster.get(resource, ns, name))
         if verb == "delete":
-            return _json(cluster.delete(resource, ns, name, await self._body(request) or {}))
+            return _json(cluster.delete(resource, ns, name, options or {}))
         if verb == "update":
             return _json(cluster.replace(resource, ns, name, await self._body(request)))
         if verb == "patch":
@@ -736,3 +758,7 @@ class Emulator:
         and re-applying a Role does on a real cluster)."""
         grants = load_grants(role_yaml, "set_role")
         self.call(lambda: self.server.authorizer.bind(ROLE_TOKEN, ROLE_USER, grants))
+
+    def deletions(self) -> list[Deletion]:
+        """Every single-object delete so far, with its DeleteOptions (see :class:`Deletion`)."""
+        return self.call(lambda: list(self.server.deletions))
