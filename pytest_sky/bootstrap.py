@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def _bytecode(sources: dict[str, bytes]) -> dict[str, bytes]:
     timestamp lands in the bundle.  A node whose python differs (another magic number) skips
     it and compiles the source beside it, as zipimport does."""
     import marshal
-    import subprocess
     import sys
 
     done = subprocess.run(
@@ -182,32 +182,68 @@ def control_path(token: str | None = None) -> str:
     return f"{CONTROL_DIR}/psky-{token or secrets.token_hex(5)}-%C"
 
 
-def start_master(ssh_config_path: Path, cluster: str) -> None:
-    """Open the shared connection now, so a burst of clients never races to become master."""
-    import subprocess
+def start_master(ssh_config_path: Path, cluster: str, *, wait: bool = True) -> None:
+    """Open the shared connection now, so a burst of clients never races to become master.
 
-    subprocess.run(
-        ["ssh", "-F", str(ssh_config_path), cluster, "true"],
+    ``wait=False``: only start opening it (a handshake costs as much as a small cluster's
+    whole bring-up here); clients whose config says ``ControlMaster no`` connect directly
+    until it is up.  ControlPersist keeps it in the background, where :func:`stop_master`
+    finds it by its socket."""
+    argv = ["ssh", "-F", str(ssh_config_path), "-o", "ControlMaster=yes", cluster, "true"]
+    if wait:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False)
+        return
+    # Not waited for; kept so that a teardown within its handshake can stop it.
+    _STARTERS[str(ssh_config_path)] = subprocess.Popen(
+        argv,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=120,
-        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
+
+
+#: This process's unawaited master openers, by ssh config path (see :func:`start_master`).
+_STARTERS: dict[str, subprocess.Popen[bytes]] = {}
 
 
 def stop_master(ssh_config_path: Path, cluster: str) -> None:
-    """Close the shared client connection (if any) before its cluster goes away."""
-    import subprocess
+    """Close the cluster's shared client connections before it goes away: the head's and any
+    a client opened to a worker (``ssh <cluster>-worker1``), each one socket of this launch's
+    ControlPath.  Where no client opened one, there is nothing to ask ssh."""
+    import glob
+    import re
 
-    if not ssh_config_path.exists() or "ControlMaster" not in ssh_config_path.read_text():
+    starter = _STARTERS.pop(str(ssh_config_path), None)
+    if starter is not None and starter.poll() is None:
+        # Still in its handshake (no master yet), or a client of the master it forked: SIGTERM
+        # lets ssh remove a socket it already bound.
+        starter.terminate()
+        try:
+            starter.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            starter.kill()
+            starter.wait()
+    try:
+        match = re.search(r"^\s*ControlPath (\S+)", ssh_config_path.read_text(), re.M)
+    except OSError:
         return
-    subprocess.run(
-        ["ssh", "-F", str(ssh_config_path), "-O", "exit", cluster],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    sockets = glob.glob(match.group(1).replace("%C", "*")) if match else []
+    exits = [
+        subprocess.Popen(
+            ["ssh", "-F", str(ssh_config_path), "-S", sock, "-O", "exit", cluster],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for sock in sockets
+    ]
+    for proc in exits:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def write_client_files(
@@ -217,11 +253,14 @@ def write_client_files(
     keys: ClusterKeys,
     *,
     multiplex: bool = False,
+    clients_open_master: bool = True,
 ) -> Path:
     """The client's key, known_hosts and ``ssh_config``; returns the config's path.
 
     Each node is dialled by its route; host keys are checked under the node's name
-    (``HostKeyAlias``), whatever the route.
+    (``HostKeyAlias``), whatever the route.  With ``multiplex``, clients share one
+    connection per host; ``clients_open_master=False`` leaves opening it to
+    :func:`start_master` (in the background): clients meanwhile connect directly.
     """
     key = cluster_dir / "id_ed25519"
     write_private(key, keys.cluster.private_openssh)
@@ -244,7 +283,11 @@ def write_client_files(
     cfg = cluster_dir / "ssh_config"
     cfg.write_text(
         ssh_config.render(
-            entries, identity_file=str(key), known_hosts=str(kh), control_path=control_path() if multiplex else None
+            entries,
+            identity_file=str(key),
+            known_hosts=str(kh),
+            control_path=control_path() if multiplex else None,
+            control_master="auto" if clients_open_master else "no",
         )
     )
     return cfg

@@ -155,9 +155,16 @@ def _write_addresses(backend: Backend, store: StateStore, name: str, info: Clust
     ``known_hosts``, then the client's; and the client's shared connection, where it has one."""
     nodes = list(info.nodes)
     backend.put_files(name, store.journal(name), info, bootstrap.peer_files(name, nodes, keys))
-    cfg = bootstrap.write_client_files(store.cluster_dir(name), name, nodes, keys, multiplex=backend.multiplex_client)
+    cfg = bootstrap.write_client_files(
+        store.cluster_dir(name),
+        name,
+        nodes,
+        keys,
+        multiplex=backend.multiplex_client,
+        clients_open_master=backend.eager_client_master,
+    )
     if backend.multiplex_client:
-        bootstrap.start_master(cfg, name)
+        bootstrap.start_master(cfg, name, wait=backend.eager_client_master)
 
 
 def readdress(backend: Backend, store: StateStore, record: ClusterRecord, info: ClusterInfo) -> ClusterRecord:

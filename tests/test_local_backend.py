@@ -192,6 +192,41 @@ def test_teardown_is_no_slower_than_bring_up_and_frees_the_name_at_once(sky_home
         assert again.run("hostname").ranks[0].stdout.strip() == f"{name}-head"
 
 
+def test_the_ssh_config_shares_one_connection_and_teardown_closes_it(sky_home: Path):
+    """``ssh -F <ssh_config> <cluster>`` multiplexes over one master (as on Kubernetes), which
+    the launch opens in the background without waiting: a burst straight after launch gets
+    clean output (no race to become the master), and teardown leaves no ssh of ours behind."""
+    from pytest_sky import run_command_in_parallel
+
+    c = pytest_sky.launch(num_nodes=2, name=f"lbmux-{os.getpid() % 10000}")
+    cfg = c.ssh_config
+    (control,) = [line.split()[1] for line in Path(cfg).read_text().splitlines() if "ControlPath" in line]
+    sockets = control.replace("%C", "")  # this launch's own prefix
+    try:
+        results = run_command_in_parallel(["ssh", "-F", cfg, c.name, "echo hi"], 20, 20)
+        assert [r.output for r in results] == ["hi\n"] * 20
+        check = subprocess.run(["ssh", "-F", cfg, "-O", "check", c.name], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr  # the master is there: later clients use it
+        results = run_command_in_parallel(["ssh", "-F", cfg, c.name, "echo hi"], 20, 20)
+        assert [r.output for r in results] == ["hi\n"] * 20
+    finally:
+        c.down()
+    # The master renames itself "ssh: <socket> [mux]"; its opener names the config.
+    ours = [p for p in procs.pids() if any(s in " ".join(procs.cmdline(p) or []) for s in (cfg, sockets))]
+    assert _exits(ours), [procs.cmdline(p) for p in ours]
+    assert list(Path(sockets).parent.glob(Path(sockets).name + "*")) == []
+
+
+def _exits(pids: list[int], timeout: float = 5.0) -> bool:
+    """Whether every pid exits within ``timeout`` (an ssh master told to exit goes at once)."""
+    deadline = time.monotonic() + timeout
+    while any(procs.is_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)  # polling /proc: these are not our children, no pidfd wait is kept
+    return True
+
+
 def test_a_process_leaves_no_files_of_its_torn_down_clusters_when_it_exits(tmp_path: Path):
     """Teardown leaves the deletion of a cluster's files to a thread; the process still
     waits for it before it exits, and what a killed process left is reported by ``doctor``

@@ -90,9 +90,15 @@ class NetworkFaults:
 class Backend(ABC):
     name: str
     cloud_label: str  # "Local", "Kubernetes": what status shows in the resources column
-    #: The client's ssh config shares one connection per cluster (ControlMaster): where a
-    #: new connection is expensive (a port-forward proxy per connection on Kubernetes).
+    #: The client's ssh config shares one connection per cluster (ControlMaster), as the
+    #: ssh config users get does: a burst of ``ssh -F <ssh_config> <cluster>`` then costs
+    #: channels, not handshakes (or port-forward proxies, on Kubernetes).
     multiplex_client: bool = False
+    #: Wait at launch until that shared connection is open: where a connection is expensive
+    #: (Kubernetes: a proxy each), so a first burst never races to become the master.
+    #: Otherwise the launch only starts opening it, and pays no handshake (a handshake costs
+    #: as much as a small local cluster's bring-up); clients connect directly until it is up.
+    eager_client_master: bool = False
 
     def effective(self, resources: Resources) -> Resources:
         """The resources each node really gets, defaults filled in (what status shows)."""

@@ -126,6 +126,7 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     cloud_label = "Kubernetes"
     multiplex_client = True
+    eager_client_master = True
 
     def __init__(
         self,

@@ -82,6 +82,7 @@ def passwd_with_home(home: str | Path = netns.NODE_HOME) -> str:
 class LocalBackend(Backend):
     name = "local"
     cloud_label = "Local"
+    multiplex_client = True
 
     def __init__(
         self,

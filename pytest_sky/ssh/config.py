@@ -30,7 +30,7 @@ class HostEntry:
     host_key_alias: str | None = None  # check the host key under this name, whatever we dial
 
 
-def _common(identity_file: str, known_hosts: str, control_path: str | None) -> list[str]:
+def _common(identity_file: str, known_hosts: str, control_path: str | None, control_master: str) -> list[str]:
     lines = [
         f"  IdentityFile {identity_file}",
         "  IdentitiesOnly yes",
@@ -48,9 +48,11 @@ def _common(identity_file: str, known_hosts: str, control_path: str | None) -> l
         "  ConnectTimeout 20",
     ]
     if control_path:
-        # Several clients racing to become the master is safe: losers connect directly.
+        # "auto": several clients racing to become the master is safe (losers connect
+        # directly, saying so on stderr).  "no": clients use the master once it is there,
+        # and until then connect directly without a word (its opener is pytest-sky's).
         lines += [
-            "  ControlMaster auto",
+            f"  ControlMaster {control_master}",
             f"  ControlPath {control_path}",
             "  ControlPersist 600",
         ]
@@ -63,6 +65,7 @@ def render(
     identity_file: str,
     known_hosts: str,
     control_path: str | None = None,
+    control_master: str = "auto",
     extra_patterns: Sequence[str] = (),
 ) -> str:
     """One ``Host`` block per node, then the shared settings under ``Host`` patterns.
@@ -94,6 +97,6 @@ def render(
         if p not in seen:
             seen.append(p)
     out.append(f"Host {' '.join(seen)}")
-    out += _common(identity_file, known_hosts, control_path)
+    out += _common(identity_file, known_hosts, control_path, control_master)
     out.append("")
     return "\n".join(out)
