@@ -23,6 +23,9 @@ from bench.records import Figure, Machine
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "latest.json"
 README = BENCH_DIR.parent / "README.md"
+#: The results the README's table was generated from, committed beside it (``results/`` is
+#: each run's own scratch and not kept): a later run can be compared with them figure by figure.
+PUBLISHED = BENCH_DIR / "README.json"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {duration:.1f} s; results in {RESULTS.relative_to(BENCH_DIR.parent)}")
     if args.update_readme:
         image = peers.PLOT_LINK if plot_line and plot_line.startswith("plot: wrote") else None
-        block = report.markdown(machine, mode, figures, image=image)
-        print(report.update_readme(README, block))
+        source = str(PUBLISHED.relative_to(BENCH_DIR.parent))
+        block = report.markdown(machine, mode, figures, image=image, source=source)
+        report.write_json(PUBLISHED, machine, mode, duration, figures, errors)
+        print(report.update_readme(README, block) + f"; its figures in {source}")
     return 1 if errors else 0
