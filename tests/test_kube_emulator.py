@@ -499,6 +499,8 @@ def _start_process(kubeconfig: Path, state: Path, *extra: str) -> subprocess.Pop
             str(kubeconfig),
             "--state-dir",
             str(state),
+            "--current-context",
+            "kube-emulator",  # these tests drive the emulator itself, as its admin
             *extra,
         ],
         cwd=REPO,

@@ -26,7 +26,7 @@ from pytest_sky.ssh import kube_proxy
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import ROLE_CONTEXT, Emulator
+from tests.kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
 from tests.kube_emulator.rbac import (
     Authorizer,
     Forbidden,
@@ -307,3 +307,99 @@ def test_gpu_tests_skip_saying_the_role_may_not_list_nodes(
     )
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs a GPU; kube context 'kube-emulator-role' may not list nodes (403 Forbidden)*"])
+
+
+def role_requests(emu: Emulator, since: int) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(allowed, denied) verb/resource pairs the Role's user asked for since decision ``since``."""
+    allowed_, denied = set(), set()
+    for d in emu.decisions()[since:]:
+        if d.request.user == ROLE_USER:
+            (allowed_ if d.allowed else denied).add((d.request.verb, d.request.combined))
+    return allowed_, denied
+
+
+def granted_by(role: str) -> set[tuple[str, str]]:
+    return {(v, r) for g in load_grants(role) for rule in g.rules for r in rule.resources for v in rule.verbs}
+
+
+#: Cluster-scoped reads a Role cannot grant; the backend goes on without them.
+TOLERATED = {("get", "namespaces"), ("list", "nodes")}
+
+
+def test_launch_run_and_teardown_under_exactly_the_shipped_role(home: Path, emu: Emulator) -> None:
+    since = len(emu.decisions())
+    with launch_as_role(emu, "rbac-full") as c:
+        assert [r.stdout.strip() for r in c.run("hostname").ranks] == ["rbac-full-head", "rbac-full-worker1"]
+    assert purge(emu, "rbac-full") == [], "the teardown under the Role left objects behind"
+    allowed_, denied = role_requests(emu, since)
+    assert denied <= TOLERATED, denied
+    assert allowed_ <= granted_by(SHIPPED.read_text())
+
+
+def test_before_135_a_role_without_create_on_the_websockets_works(home: Path, emu134: Emulator) -> None:
+    """What a Role written for 1.34 looks like; the same Role fails on 1.35 (the test above it)."""
+    rules = [
+        r for r in yaml.safe_load(without("create", "pods/exec"))["rules"] if r["resources"] != ["pods/portforward"]
+    ]
+    rules.append({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["get"]})
+    emu134.set_role(role_yaml(rules))
+    try:
+        with launch_as_role(emu134, "rbac-getonly") as c:
+            assert c.run("true").ok
+    finally:
+        emu134.set_role(SHIPPED.read_text())
+        assert purge(emu134, "rbac-getonly") == []
+
+
+def test_a_missing_delete_fails_the_teardown_in_one_line_naming_it(home: Path, emu: Emulator) -> None:
+    c = launch_as_role(emu, "rbac-nodelete")
+    emu.set_role(without("delete", "pods"))
+    try:
+        with pytest.raises(ProvisionError) as err:
+            c.down()
+        message = str(err.value)
+        assert 'may not delete pods in namespace "default" (403 Forbidden)' in message and "\n" not in message, message
+        assert "kubectl apply -n default -f examples/kubernetes/rbac.yaml" in message
+    finally:
+        emu.set_role(SHIPPED.read_text())
+        purge(emu, "rbac-nodelete")
+        c.down()
+
+
+def test_the_shipped_role_is_exactly_what_the_backend_asks_for(home: Path, emu135: Emulator) -> None:
+    """Least privilege, measured: every verb the Role grants is one the backend asked for in a
+    launch, run and teardown, a launch whose pod crashes (events, log) and a launch with a
+    shared directory (its claim), on 1.35 (where the websockets use both verbs)."""
+    from kubernetes import client
+
+    since = len(emu135.decisions())
+    with launch_as_role(emu135, "rbac-all") as c:
+        assert c.run("true").ok
+    emu135.set_faults(crash="rbac-crash-*")
+    try:
+        with pytest.raises(ProvisionError, match="failed before sshd came up"):
+            launch_as_role(emu135, "rbac-crash")
+    finally:
+        emu135.set_faults(crash=[])
+        purge(emu135, "rbac-crash")
+    admin = KubernetesBackend(kubeconfig=str(emu135.kubeconfig_path)).api()
+    spec = client.V1PersistentVolumeClaimSpec(
+        access_modes=["ReadWriteMany"], resources={"requests": {"storage": "1Gi"}}
+    )
+    admin.create_namespaced_persistent_volume_claim(
+        "default", client.V1PersistentVolumeClaim(metadata=client.V1ObjectMeta(name="rbac-rwx"), spec=spec)
+    )
+    shared = pytest_sky.launch(
+        num_nodes=2,
+        name="rbac-shared",
+        backend="kubernetes",
+        backend_options={"kubeconfig": str(emu135.kubeconfig_path), "context": ROLE_CONTEXT, "shared_pvc": "rbac-rwx"},
+        shared_dir="/mnt/shared",
+    )
+    shared.down()
+    allowed_, denied = role_requests(emu135, since)
+    assert denied <= TOLERATED, denied
+    assert allowed_ == granted_by(SHIPPED.read_text()), (
+        f"granted, never asked for: {sorted(granted_by(SHIPPED.read_text()) - allowed_)}; "
+        f"asked for, not granted: {sorted(allowed_ - granted_by(SHIPPED.read_text()))}"
+    )

@@ -8,6 +8,10 @@ only once the server answers, so a script can wait for the file::
     while [ ! -e /tmp/kc ]; do sleep 0.1; done
     KUBECONFIG=/tmp/kc pytest smoke --kubernetes -k multinode
     kill %1
+
+The kubeconfig's current context is ``kube-emulator-role``: the ServiceAccount that holds
+exactly the shipped Role, as on a real cluster set up with ``examples/kubernetes/rbac.yaml``
+(``--current-context kube-emulator`` for the admin; its token is in the file either way).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from pytest_sky.errors import SkyError
 from tests.kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
 from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.server import CONTEXT, CONTEXTS, SHIPPED_ROLE, EmulatorServer, default_state_dir
+from tests.kube_emulator.server import CONTEXTS, ROLE_CONTEXT, SHIPPED_ROLE, EmulatorServer, default_state_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,9 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--current-context",
-        default=CONTEXT,
+        default=ROLE_CONTEXT,
         choices=CONTEXTS,
-        help=f"the kubeconfig's current context (default {CONTEXT}, the admin)",
+        help=f"the kubeconfig's current context (default {ROLE_CONTEXT}: the Role's ServiceAccount, as CI runs; "
+        "kube-emulator is the admin)",
     )
     p.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
     p.add_argument("--host", default="127.0.0.1")
