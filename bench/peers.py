@@ -39,6 +39,8 @@ from bench.records import Figure, Machine, Target, median, percentile
 from bench.sections import DESIGN, Namer, Rounds, cluster, progress, ssh_argv
 
 if TYPE_CHECKING:
+    import paramiko
+
     from pytest_sky import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -220,16 +222,35 @@ class Series:
         return median(self.samples.get(n, []))
 
 
-def _ours_up_down(n: int, name: str) -> tuple[float, float]:
-    import pytest_sky
+#: What each of torch's spawned processes imports (``torch.multiprocessing``'s bootstrap),
+#: run on every node, so "launch + down" does the same work as the torch baseline.
+TORCH_IMPORT = "python -c 'import torch.multiprocessing'"
 
+
+TORCH_NOTE = (
+    "each of torch's spawned processes imports torch (its spawn bootstrap) and runs a no-op; ours "
+    f"launches the nodes, runs `{TORCH_IMPORT}` on every node (cluster.run) and tears down"
+)
+
+
+def _ours_up_down(n: int, name: str) -> tuple[float, float, float]:
+    """(ready, teardown, total): total = launch, ``TORCH_IMPORT`` on every node, down."""
+    import pytest_sky
+    from pytest_sky.state import drain_removals
+
+    drain_removals()  # an earlier cluster's files are not deleted during this one
     t0 = time.perf_counter()
     c = pytest_sky.launch(num_nodes=n, name=name)
     try:
         t1 = time.perf_counter()
+        res = c.run(TORCH_IMPORT)
+        if res.returncode != 0:
+            raise RuntimeError(f"{TORCH_IMPORT} failed on the nodes: {res.error or res.output[-300:]}")
     finally:
+        t2 = time.perf_counter()
         c.down()
-    return t1 - t0, time.perf_counter() - t1
+    t3 = time.perf_counter()
+    return t1 - t0, t3 - t2, t3 - t0
 
 
 def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Series]]:
@@ -249,10 +270,10 @@ def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Serie
         for rep in range(max(plan.ours_reps, peer_reps)):
             progress(f"peers bring-up: N={n} rep {rep + 1}")
             if rep < plan.ours_reps:
-                up, down = _ours_up_down(n, namer(f"p{n}"))
+                up, down, total = _ours_up_down(n, namer(f"p{n}"))
                 ours_up.add(n, up)
                 ours_down.add(n, down)
-                ours_total.add(n, up + down)
+                ours_total.add(n, total)
             if rep >= peer_reps:
                 continue
             if ray_missing:
@@ -311,14 +332,14 @@ def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Serie
         figures.append(
             Figure(
                 section=section,
-                name=f"launch + down, {n} nodes",
+                name=f"launch + import torch on every node + down, {n} nodes",
                 unit="s",
                 value=ours_total.med(n),
                 baseline=torch_total.med(n),
                 baseline_name=f"torch mp spawn+join {n} procs",
                 samples=ours_total.samples.get(n, []),
                 baseline_samples=torch_total.samples.get(n, []),
-                note=torch_total.notes.get(n, ""),
+                note=torch_total.notes.get(n, "") or (TORCH_NOTE if n == plan.sizes[0] else ""),
             )
         )
     return figures, {"pytest-sky (launch -> ready)": ours_up, "Ray Cluster": ray_up, "torch mp spawn+join": torch_total}
@@ -465,6 +486,51 @@ def _ours_fanout(c: Cluster) -> float:
     return dt
 
 
+#: On the head: close the agent's head->worker masters (ControlPersist keeps them between runs).
+_CLOSE_HEAD_MASTERS = 'for s in /run/psky-cm-*; do [ -S "$s" ] && ssh -S "$s" -O exit x 2>/dev/null; done; true'
+
+
+def _ours_fanout_cold(c: Cluster) -> float:
+    """``cluster.run`` with nothing open: a new client->head connection and a fresh
+    head->worker handshake per worker, as paramiko and parallel-ssh pay (closing is untimed)."""
+    subprocess.run(ssh_argv(c, _CLOSE_HEAD_MASTERS, raw=True), capture_output=True, check=True, timeout=60)
+    c._drop_connection()  # the benchmark measures the cold path on purpose
+    return _ours_fanout(c)
+
+
+def _paramiko_open(ips: list[str], key_path: Path, known_hosts: Path) -> list[paramiko.SSHClient]:
+    import paramiko
+
+    pkey = paramiko.Ed25519Key.from_private_key_file(str(key_path))
+    clients = []
+    for ip in ips:
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(ip, username="root", pkey=pkey, allow_agent=False, look_for_keys=False, timeout=20)
+        clients.append(client)
+    return clients
+
+
+def _paramiko_warm(clients: list[paramiko.SSHClient]) -> float:
+    """``hostname`` on every node over connections opened beforehand, one thread each."""
+
+    def one(client: paramiko.SSHClient) -> str:
+        _, stdout, _ = client.exec_command("hostname")
+        out = stdout.read().decode().strip()
+        if stdout.channel.recv_exit_status() != 0:
+            raise RuntimeError("hostname failed")
+        return out
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
+        names = list(pool.map(one, clients))
+    dt = time.perf_counter() - t0
+    if len(set(names)) != len(clients):
+        raise RuntimeError(f"paramiko fan-out got {names}")
+    return dt
+
+
 def _known_hosts_keys(known_hosts: Path, ips: list[str]) -> str:
     """Whether the cluster's known_hosts names the node IPs (what a host-key check would need)."""
     try:
@@ -475,71 +541,118 @@ def _known_hosts_keys(known_hosts: Path, ips: list[str]) -> str:
     return f"{hit}/{len(ips)} node IPs in known_hosts"
 
 
+@dataclass
+class _Fanout:
+    """Milliseconds per round, by who and how."""
+
+    cold: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+    pssh: list[float] = field(default_factory=list)
+    para: list[float] = field(default_factory=list)
+    para_warm: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def measure(self, steps: list[tuple[list[float], str, Callable[[], float]]], rounds: int) -> None:
+        for i in range(rounds + 1):  # the first is a warm-up
+            for sink, label, fn in steps:
+                try:
+                    dt = fn()
+                except Exception as exc:  # noqa: BLE001 - a failing peer must not end the section
+                    self.notes.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                if i > 0:
+                    sink.append(dt * 1000)
+
+
 def fanout(plan: PeerPlan, namer: Namer) -> list[Figure]:
+    """``hostname`` on 16 nodes: cold (every connection new, on both sides) and warm (every
+    connection open, on both sides), rounds interleaved."""
     from pytest_sky.state import StateStore
 
     k = plan.fanout_nodes
-    ours: list[float] = []
-    pssh: list[float] = []
-    para: list[float] = []
-    notes: list[str] = []
+    f = _Fanout()
     pssh_missing = missing("pssh")
     with cluster(k, namer(f"fan{k}")) as c:
         d = StateStore().cluster_dir(c.name)
         key, known_hosts = d / "id_ed25519", d / "known_hosts"
         ips = list(c.node_ips)
-        steps: list[tuple[list[float], str, Callable[[], float]]] = [
-            (ours, "pytest-sky", lambda: _ours_fanout(c)),
-            (para, "paramiko", lambda: _paramiko_fanout(ips, key, known_hosts)),
-        ]
-        if not pssh_missing:
+        clients = _paramiko_open(ips, key, known_hosts)
+        try:
+            steps: list[tuple[list[float], str, Callable[[], float]]] = [
+                (f.cold, "pytest-sky cold", lambda: _ours_fanout_cold(c)),
+                (f.para, "paramiko", lambda: _paramiko_fanout(ips, key, known_hosts)),
+                (f.warm, "pytest-sky warm", lambda: _ours_fanout(c)),
+                (f.para_warm, "paramiko warm", lambda: _paramiko_warm(clients)),
+            ]
+            if not pssh_missing:
 
-            def pssh_round() -> float:
-                r = child(["pssh", str(key), *ips], timeout=120)
-                if r["failures"] or len(set(r["names"])) != k:
-                    raise RuntimeError(f"parallel-ssh: {r['failures'] or r['names']}")
-                return r["seconds"]
+                def pssh_round() -> float:
+                    r = child(["pssh", str(key), *ips], timeout=120)
+                    if r["failures"] or len(set(r["names"])) != k:
+                        raise RuntimeError(f"parallel-ssh: {r['failures'] or r['names']}")
+                    return r["seconds"]
 
-            steps.append((pssh, "parallel-ssh", pssh_round))
-        progress(f"peers fan-out: hostname on {k} nodes, 1 warm-up + {plan.fanout_rounds} rounds")
-        for i in range(plan.fanout_rounds + 1):
-            for sink, label, fn in steps:
-                try:
-                    dt = fn()
-                except Exception as exc:  # noqa: BLE001 - a failing peer must not end the section
-                    notes.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-                    continue
-                if i > 0:
-                    sink.append(dt * 1000)
+                steps.append((f.pssh, "parallel-ssh", pssh_round))
+            progress(f"peers fan-out: hostname on {k} nodes, cold and warm, 1 warm-up + {plan.fanout_rounds} rounds")
+            f.measure(steps, plan.fanout_rounds)
+        finally:
+            for client in clients:
+                client.close()
         kh = _known_hosts_keys(known_hosts, ips)
+    return _fanout_figures(k, f, pssh_missing, kh)
+
+
+def _fanout_figures(k: int, f: _Fanout, pssh_missing: bool, kh: str) -> list[Figure]:
     pssh_note = (
         f"parallel-ssh not installed ({INSTALL_HINT})"
         if pssh_missing
         else "parallel-ssh (pssh.clients.ParallelSSHClient, libssh2) has no known_hosts option: it connected "
         f"without checking host keys ({kh}); paramiko checked them (RejectPolicy)"
     )
-    common = {"section": "peers: ssh fan-out", "unit": "ms", "samples": ours}
-    name = f"run('hostname'), {k} nodes"
-    targets = [Target(150, DESIGN)]
+    cold_note = (
+        "cold: cluster.run with its client->head connection dropped and the head's head->worker masters "
+        f"closed before each round (untimed), so it pays {k} handshakes (1 client->head, {k - 1} head->worker) "
+        f"as the baselines pay {k}"
+    )
+    warm_note = (
+        "warm: cluster.run over its open client connection and the head's ControlPersist masters; "
+        f"paramiko over {k} connections opened beforehand, one exec each"
+    )
+    section, unit = "peers: ssh fan-out", "ms"
+    cold, warm = f"run('hostname'), {k} nodes, cold", f"run('hostname'), {k} nodes, warm"
     return [
         Figure(
-            name=name,
-            value=median(ours),
-            baseline=median(pssh),
+            section=section,
+            name=cold,
+            unit=unit,
+            value=median(f.cold),
+            baseline=median(f.pssh),
             baseline_name=f"parallel-ssh, {k} hosts, connect+exec",
-            targets=targets,
-            baseline_samples=pssh,
-            note="; ".join(dict.fromkeys([pssh_note, *notes])),
-            **common,
+            samples=f.cold,
+            baseline_samples=f.pssh,
+            note="; ".join(dict.fromkeys([cold_note, pssh_note, *f.notes])),
         ),
         Figure(
-            name=name,
-            value=median(ours),
-            baseline=median(para),
+            section=section,
+            name=cold,
+            unit=unit,
+            value=median(f.cold),
+            baseline=median(f.para),
             baseline_name=f"paramiko, {k} threads, connect+exec",
-            targets=targets,
-            baseline_samples=para,
-            **common,
+            samples=f.cold,
+            baseline_samples=f.para,
+        ),
+        Figure(
+            section=section,
+            name=warm,
+            unit=unit,
+            value=median(f.warm),
+            baseline=median(f.para_warm),
+            baseline_name=f"paramiko, {k} threads, exec on open connections",
+            targets=[Target(150, DESIGN)],
+            samples=f.warm,
+            baseline_samples=f.para_warm,
+            note=warm_note,
         ),
     ]
 
