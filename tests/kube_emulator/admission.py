@@ -186,7 +186,9 @@ def _who(names: list[str]) -> str:
     return f"container {quoted}" if len(names) == 1 else f"containers {quoted}"
 
 
-def _baseline(spec: Obj, containers: list[Obj]) -> list[tuple[str, str]]:
+def baseline_violations(spec: Obj, containers: list[Obj]) -> list[tuple[str, str]]:
+    """(check id, message) for each Pod Security \"baseline\" check the pod fails, as
+    k8s.io/pod-security-admission names and words them."""
     out = []
     sc_of = {c.get("name", ""): c.get("securityContext") or {} for c in containers}
     added = {
@@ -333,7 +335,7 @@ def pod_security(pod: Obj, namespace: Obj) -> str | None:
         return None
     spec = pod.get("spec") or {}
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-    found = _baseline(spec, containers)
+    found = baseline_violations(spec, containers)
     if level == "restricted":
         found = [f for f in found if f[0] != "seccompProfile_baseline"] + _restricted(spec, containers)
     if not found:

@@ -49,7 +49,7 @@ from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
-from tests.kube_emulator import dns, images
+from tests.kube_emulator import admission, dns, images
 
 if TYPE_CHECKING:
     from tests.kube_emulator.cluster import Cluster
@@ -940,23 +940,9 @@ class Kubelet:
         return root / ("node.log.previous" if previous else "node.log")
 
 
-#: What a container gets without a securityContext: containerd's (and Docker's) default set.
-RUNTIME_DEFAULT_CAPABILITIES = (
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "NET_BIND_SERVICE",
-    "NET_RAW",
-    "SETFCAP",
-    "SETGID",
-    "SETPCAP",
-    "SETUID",
-    "SYS_CHROOT",
-)
+#: What a container gets without a securityContext: containerd's (and Docker's) default set,
+#: which is what Pod Security "baseline" lets a pod add, plus NET_RAW.
+RUNTIME_DEFAULT_CAPABILITIES = tuple(sorted(admission.BASELINE_CAPABILITIES | {"NET_RAW"}))
 
 
 def container_capabilities(container: dict[str, Any]) -> list[str] | None:
