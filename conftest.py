@@ -34,7 +34,6 @@ def leaked_resources(scopes: list[str]) -> list[str]:
     leaks = [f"link {n} ({owner})" for n, owner in link_owners().items() if mine(owner)]
     leaks += [f"process {p}: {c}" for p, c in node_processes() if mine(c)]
     from pytest_sky.backends.netns import orphaned_cgroups
-
     from pytest_sky.state import drain_removals
 
     drain_removals()

@@ -107,9 +107,7 @@ def command(mode: str) -> str:
     )
 
 
-def markdown(
-    machine: Machine, mode: str, figures: list[Figure], *, image: str | None = None, source: str = ""
-) -> str:
+def markdown(machine: Machine, mode: str, figures: list[Figure], *, image: str | None = None, source: str = "") -> str:
     def cell(s: str) -> str:
         return s.replace("|", "\\|")
 
