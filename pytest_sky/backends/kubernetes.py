@@ -506,31 +506,33 @@ class KubernetesBackend(Backend):
 
         Read one by one by name (``get``): never a collection, never someone else's object.
         """
-        from kubernetes.client.exceptions import ApiException
-
         refs = [ObjectRef("Pod", p) for p in data["pods"]]
         refs += [ObjectRef("Secret", manifests.secret_name(name)), ObjectRef("Service", name)]
+        owned = ((ref, self._uid_if_ours(ref, name, data)) for ref in refs)
+        return [(ref, uid) for ref, uid in owned if uid is not None]
+
+    def _uid_if_ours(self, ref: ObjectRef, name: str, data: dict) -> str | None:
+        """The uid of the object ``ref`` names if it exists and this launch made it (its launch
+        label; for a record from before launch ids, our cluster and managed-by labels)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self._verbs(ref.kind)[0](ref.name, self.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        labels = obj.metadata.labels or {}
         launch = data.get("launch")
-        out = []
-        for ref in refs:
-            try:
-                obj = self._verbs(ref.kind)[0](ref.name, self.namespace, _request_timeout=30)
-            except ApiException as exc:
-                if exc.status == 404:
-                    continue
-                raise
-            labels = obj.metadata.labels or {}
-            if launch:
-                mine = labels.get(manifests.LABEL_LAUNCH) == launch
-            else:
-                mine = labels.get(manifests.LABEL_CLUSTER) == name and all(
-                    labels.get(k) == v for k, v in manifests.MANAGED_BY.items()
-                )
-            if mine:
-                out.append((ref, obj.metadata.uid))
-            else:
-                log.info("%s %s is not %s's: left alone", ref.kind, ref.name, name)
-        return out
+        if launch:
+            mine = labels.get(manifests.LABEL_LAUNCH) == launch
+        else:
+            mine = labels.get(manifests.LABEL_CLUSTER) == name and all(
+                labels.get(k) == v for k, v in manifests.MANAGED_BY.items()
+            )
+        if not mine:
+            log.info("%s %s is not %s's: left alone", ref.kind, ref.name, name)
+        return obj.metadata.uid if mine else None
 
     def _verbs(self, kind: str) -> tuple[Any, Any]:
         api = self.api()
@@ -540,15 +542,18 @@ class KubernetesBackend(Backend):
             "Service": (api.read_namespaced_service, api.delete_namespaced_service),
         }[kind]
 
-    def _delete(self, ref: ObjectRef, uid: str) -> bool:
+    def _delete(self, ref: ObjectRef, uid: str, grace_period: int | None = None) -> bool:
         """Delete one object if it is still the one we read (a uid precondition: a same-named
         replacement made since is never hit).  Pods get their own grace period (the spec's
-        ``terminationGracePeriodSeconds``): 0 would be a force delete on a real API server.
+        ``terminationGracePeriodSeconds``) unless ``grace_period`` is given: 0 is a force
+        delete on a real API server, which only a simulated crash asks for.
         False when it was gone or replaced already."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace_period, preconditions=client.V1Preconditions(uid=uid)
+        )
         try:
             self._verbs(ref.kind)[1](ref.name, self.namespace, body=options, _request_timeout=30)
         except ApiException as exc:
@@ -557,9 +562,10 @@ class KubernetesBackend(Backend):
             raise
         return True
 
-    def _wait_gone(self, pods: dict[str, str], sel: str, timeout: float = 120) -> None:
+    def _wait_gone(self, pods: dict[str, str], sel: str, timeout: float = 120) -> list[str]:
         """Deleted pods linger while they terminate: "down" means gone, so list the pods of
-        ``sel`` and watch for the DELETED event of each (by uid) until none is left."""
+        ``sel`` and watch for the DELETED event of each (by uid) until none is left.  Returns
+        those still there at the deadline (logged)."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
@@ -593,6 +599,7 @@ class KubernetesBackend(Backend):
                     raise
         if pods:
             log.warning("pods of %s are still terminating after %.0f s: %s", sel, timeout, ", ".join(sorted(pods)))
+        return sorted(pods)
 
     def leftovers(self, name: str, journal: Journal) -> str:
         """Where this cluster's objects may still be, for a record forgotten without them."""
@@ -929,26 +936,21 @@ class KubernetesBackend(Backend):
 
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
         """Delete the node's pod with no grace period, as a crashed machine: its container is
-        killed, not stopped; returns once the API server no longer has the pod."""
+        killed, not stopped; returns once the API server no longer has the pod.  Only our own
+        pod, by uid, as teardown deletes (a same-named pod of someone else's is left alone)."""
         from kubernetes.client.exceptions import ApiException
 
-        self._adopt(journal)
-        api, pod = self.api(), manifests.pod_name(name, rank)
+        data = self._adopt(journal)
+        ref = ObjectRef("Pod", manifests.pod_name(name, rank))
         try:
-            api.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0, _request_timeout=30)
+            uid = self._uid_if_ours(ref, name, data)
+            if uid is None:
+                return  # gone already, or never ours
+            self._delete(ref, uid, grace_period=0)
+            if self._wait_gone({ref.name: uid}, self._ownership_selector(name, data), timeout=60):
+                raise ProvisionError(f"pod {ref.name} was still there 60 s after its deletion")
         except ApiException as exc:
-            if exc.status != 404:
-                raise ProvisionError(f"could not delete pod {pod}: {_api_message(exc)}") from None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                api.read_namespaced_pod(pod, self.namespace, _request_timeout=30)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise ProvisionError(f"waiting for pod {pod} to go: {_api_message(exc)}") from None
-            time.sleep(0.1)  # the API has no "deleted" wait short of a watch; poll its answer
-        raise ProvisionError(f"pod {pod} was still there 60 s after its deletion")
+            raise ProvisionError(f"could not delete pod {ref.name}: {_api_message(exc)}") from None
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
         """Recreate the node's pod (a running one is deleted first) from the very manifest the
