@@ -24,13 +24,15 @@ import pytest
 
 from pytest_sky import Cluster, RunResult, Task
 from pytest_sky.job import Job, JobStatus
+from pytest_sky.plugin import require_on_nodes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RUN_TIMEOUT = 120.0  # seconds: torch imports on 2 loaded cores, far below anything that hangs
 
 
-def _needs_torch() -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install 'pytest-sky[torch]')")
+def _needs_torch(cluster: Cluster) -> None:
+    """Asked of the nodes (``require_on_nodes``), not of this client."""
+    require_on_nodes(cluster, modules=("torch",), install="pip install 'pytest-sky[torch]'")
 
 
 def _wait_for_lines(job, text: str, count: int, timeout: float = RUN_TIMEOUT) -> None:
@@ -48,7 +50,7 @@ def _wait_for_lines(job, text: str, count: int, timeout: float = RUN_TIMEOUT) ->
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
 def test_allreduce_across_a_partition_fails_naming_the_rank(sky_cluster: Cluster):
-    _needs_torch()
+    _needs_torch(sky_cluster)
     task = Task.from_yaml(EXAMPLES / "partition_allreduce" / "task.yaml")
     gloo_timeout = float(task.envs["GLOO_TIMEOUT_S"])
     job = sky_cluster.submit(task)
@@ -82,7 +84,7 @@ def _gbps(cluster: Cluster, task: Task) -> float:
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
 def test_slow_link_lowers_allreduce_bandwidth(sky_cluster: Cluster):
-    _needs_torch()
+    _needs_torch(sky_cluster)
     task = Task.from_yaml(EXAMPLES / "allreduce_bandwidth" / "task.yaml")
     cap_mbit = 100  # 0.0125 GB/s each way
     fast = _gbps(sky_cluster, task)
@@ -169,8 +171,8 @@ def test_elastic_training_resumes_from_checkpoint_after_node_restart(sky_launch)
     starts node 1's agent again.  Mid-training is a real signal: the checkpoint file of
     step ``2 * ELASTIC_CKPT_EVERY - 1`` exists in the shared directory.
     """
-    _needs_torch()
     cluster = sky_launch(num_nodes=2, shared_dir="/mnt/shared")
+    _needs_torch(cluster)
     task = Task.from_yaml(ELASTIC / "task.yaml")
     steps, every = int(task.envs["ELASTIC_STEPS"]), int(task.envs["ELASTIC_CKPT_EVERY"])
     ckpt_dir = task.envs["CKPT_DIR"]
