@@ -1,8 +1,9 @@
 """What of pytest-sky is left on this machine: links, node processes, orphaned records.
 
 Used by ``pytest-sky doctor`` and by this repository's own leak check after every test run.
-Everything we create is recognisable by name: links start with ``psky``, every node's first
-process carries ``psky-node:<node dir>`` in its command line, and its sshd reads a config
+Everything we create is recognisable by name: links start with ``psky``, every node's keeper
+(the process outside it that its first process dies with) carries ``psky-node:<node dir>``
+in its command line, and its sshd reads a config
 from a node directory.
 """
 
@@ -29,7 +30,7 @@ def link_owners() -> dict[str, str]:
 
 
 def node_processes() -> list[tuple[int, str]]:
-    """(pid, command line) of node processes: their unshare parents, init scripts and sshds."""
+    """(pid, command line) of node processes: their keepers, spawners and sshds."""
     return netns.node_processes()
 
 

@@ -34,8 +34,8 @@ def layers() -> dict[str, int]:
     doc = pytest_sky.__doc__ or ""
     assert "Layers, lowest first" in doc, "the package docstring lost its layer list"
     out = {}
-    for number, names in re.findall(r"^(\d+)\. (.+)$", doc, re.M):
-        for name in names.split(":")[0].split(","):
+    for number, names in re.findall(r"^(\d+)\. (.+(?:\n {3}.+)*)$", doc, re.M):  # an item may go on, indented
+        for name in " ".join(names.split()).split(":")[0].split(","):
             out[name.strip()] = int(number)
     return out
 

@@ -11,15 +11,12 @@ the cluster.  Each has its own home, and none sees pytest-sky's state directory.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import os
 import random
 import shutil
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +28,7 @@ from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
+from pytest_sky.ssh.banner import wait_for_banners
 from pytest_sky.ssh.keys import write_private
 from pytest_sky.state import Journal
 
@@ -417,49 +415,25 @@ class LocalBackend(Backend):
 
     def _wait_ready(self, started: list[netns.NodeProcess]) -> None:
         """Every sshd has sent its banner: the real signal, no sleeps standing in for it."""
-        deadline = time.monotonic() + self.ready_timeout
-        errors: dict[str, str] = {}
-
-        def wait_one(node: netns.NodeProcess) -> None:
-            delay = 0.002
-            while True:
-                if node.popen is not None and node.popen.poll() is not None:
-                    errors[node.hostname] = f"node exited: {netns.tail(node.log_path) or 'no output'}"
-                    return
-                try:
-                    with socket.create_connection((node.ip, 22), timeout=max(0.1, deadline - time.monotonic())) as s:
-                        if s.recv(64).startswith(b"SSH-"):
-                            return
-                except OSError as exc:
-                    if exc.errno not in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, None):
-                        errors[node.hostname] = str(exc)
-                        return
-                if time.monotonic() >= deadline:
-                    errors[node.hostname] = (
-                        f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
-                    )
-                    return
-                # connection refused: sshd is still starting; retry on a short back-off
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-
         ready = [0]
-        lock = threading.Lock()
 
-        def wait_and_count(node: netns.NodeProcess) -> None:
-            wait_one(node)
-            with lock:
-                ready[0] += 1
-                console.counter("nodes ready", ready[0], len(started))
+        def gone(i: int) -> str | None:
+            node = started[i]
+            return None if procs.is_alive(node.pid) else f"node exited: {netns.tail(node.log_path) or 'no output'}"
 
-        threads = [threading.Thread(target=wait_and_count, args=(n,), daemon=True) for n in started]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            first = sorted(errors.items())[0]
-            raise ProvisionError(f"node {first[0]} did not come up: {first[1]}")
+        def counted(i: int) -> None:
+            ready[0] += 1
+            console.counter("nodes ready", ready[0], len(started))
+
+        failed = wait_for_banners(
+            [(n.ip, 22) for n in started], deadline=time.monotonic() + self.ready_timeout, gone=gone, on_ready=counted
+        )
+        if failed:
+            i, why = min(failed.items())
+            node = started[i]
+            if why == "no banner by the deadline":
+                why = f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
+            raise ProvisionError(f"node {node.hostname} did not come up: {why}")
 
 
 def _node_record(node: netns.NodeProcess) -> dict:

@@ -1,8 +1,10 @@
 """Namespace nodes: the primitive under the local backend (and the emulator's kubelet).
 
-A node is one process tree started by ``unshare`` in fresh network, UTS, mount, PID and
-cgroup namespaces, with OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster
-bridge, a private ``/run`` and bind-mounted ``/etc/passwd`` and ``/etc/hosts``.
+A node is one process tree in fresh network, UTS, mount, PID and cgroup namespaces, with
+OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster bridge, a private
+``/run`` and bind-mounted ``/etc/passwd`` and ``/etc/hosts``.  ``nodeinit.py`` starts a
+launch's nodes (one process forks them all and each makes its namespaces, mounts and link
+with system calls); this module plans them, waits for them and stops them.
 
 Why a cgroup per node: the kernel's own accounting of every process the node ever started,
 whatever sessions they made or whoever their parent was.  The host kills a whole node with
@@ -17,16 +19,19 @@ later node's mount namespace copies, which keeps deleted namespaces (and their v
 alive until those nodes die.  An anonymous namespace lives exactly as long as the node's
 processes, so killing the node's first process releases everything but the bridge.
 
-Why shell ``ip`` rather than pyroute2: measured faster here (DESIGN.md section 5), and the
-in-node part has to run inside the namespaces anyway, where a shell script is the cheapest
-thing to start.
+Why shell ``ip`` (for bridges and teardown) rather than pyroute2: measured faster here
+(DESIGN.md section 5).  A node's own link is made from inside it over raw netlink
+(``netlink.py``): no program to start, 64 times.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
+import json
 import logging
 import os
 import re
@@ -34,7 +39,9 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_sky import naming, procs
+from pytest_sky.backends.nodeinit import NodePlan
 from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
 
 log = logging.getLogger(__name__)
@@ -50,91 +58,8 @@ log = logging.getLogger(__name__)
 #: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
 LINK_PREFIX = "psky"
 
-# Runs inside the new namespaces.  It reports that unshare(2) has happened (so the host can
-# move the veth into the namespace of its parent's pid), waits for the host to say the link
-# is there, configures the node and becomes sshd.
-_NODE_INIT = r"""
-echo ready
-read go || exit 1
-exec 2>>"$PSKY_LOG" </dev/null
-set -e
-# Builtins where they do the same as a program: every exec counts, 64 nodes at once.
-echo "$PSKY_HOSTNAME" >/proc/sys/kernel/hostname
-ip -batch - <<EOF
-link set lo up
-addr add $PSKY_IP/$PSKY_PREFIXLEN dev eth0
-link set eth0 mtu $PSKY_MTU up
-route change $PSKY_SUBNET dev eth0 proto kernel scope link src $PSKY_IP quickack 1
-EOF
-# R: where the node's root is assembled before pivot_root ("" = the host's own, shared).
-R=${PSKY_LAYERS:+$PSKY_LAYERS/merged}
-if [ -n "$R" ]; then
-  layer() {  # layer N LOWER TARGET: a copy-on-write view of LOWER whose writes land in layer N
-    mount -t overlay "psky-layer$1" -o "lowerdir=$2,upperdir=$PSKY_LAYERS/$1/upper,workdir=$PSKY_LAYERS/$1/work" "$3"
-  }
-  if ! layer 0 / "$R" 2>>"$PSKY_LOG"; then
-    # The state directory's filesystem cannot hold an upper layer (it is an overlay itself,
-    # as in a container): keep the node's writes in memory instead, private all the same.
-    mount -t tmpfs -o mode=700 psky-layers "$PSKY_LAYERS"
-    mkdir "$R"
-    printf '0 rw /\n%s\n' "$PSKY_SUBMOUNTS" | while read -r i mode path; do
-      [ "$mode" = rw ] || continue
-      mkdir -p "$PSKY_LAYERS/$i/upper" "$PSKY_LAYERS/$i/work"
-      chmod --reference="$path" "$PSKY_LAYERS/$i/upper" && chown --reference="$path" "$PSKY_LAYERS/$i/upper"
-    done
-    layer 0 / "$R"
-  fi
-  while read -r i mode path; do
-    [ -n "$path" ] && [ -e "$R$path" ] || continue
-    [ "$mode" = rw ] && layer "$i" "$path" "$R$path" 2>>"$PSKY_LOG" && continue
-    mount --bind "$path" "$R$path" && mount -o remount,bind,ro "$R$path"
-  done <<MOUNTS
-$PSKY_SUBMOUNTS
-MOUNTS
-  mount --rbind /dev "$R/dev"
-  mount -t tmpfs -o mode=1777,nosuid,nodev psky-shm "$R/dev/shm"
-  mount -t proc -o nosuid,nodev,noexec psky-proc "$R/proc"
-  for h in $PSKY_HIDE; do mount -t tmpfs -o mode=700,size=1m psky-hidden "$R$h"; done
-  # Every node's home is at the same path, as on a real cluster (mpirun starts remote ranks
-  # in the head's working directory): the node's own home directory, at NODE_HOME.
-  mkdir -p "$R$PSKY_ROOT" "$R$PSKY_NODE_HOME"
-  mount --bind "$PSKY_ROOT" "$R$PSKY_ROOT"
-  mount --bind "$PSKY_ROOT/home" "$R$PSKY_NODE_HOME"
-fi
-mount -t tmpfs -o mode=755,size=64m psky-run "$R/run"
-mount -t sysfs psky-sys "$R/sys"
-[ -z "$PSKY_CGROUP" ] || mount -t cgroup2 -o "$PSKY_CGROUP,nosuid,nodev,noexec" psky-cgroup "$R/sys/fs/cgroup"
-mkdir -m 755 "$R/run/sshd"
-mount --bind "$PSKY_ROOT/etc/passwd" "$R/etc/passwd"
-mount --bind "$PSKY_ROOT/etc/hosts" "$R/etc/hosts"
-if [ -n "$R" ] && [ -f "$PSKY_ROOT/etc/resolv.conf" ]; then
-  # A resolver of the node's own (a pod's cluster DNS), over whatever the image has there:
-  # a link (systemd-resolved's stub) is replaced in the node's own layer, never the host's.
-  if [ -L "$R/etc/resolv.conf" ] || [ ! -e "$R/etc/resolv.conf" ]; then
-    rm -f "$R/etc/resolv.conf" && : >"$R/etc/resolv.conf"
-  fi
-  mount --bind "$PSKY_ROOT/etc/resolv.conf" "$R/etc/resolv.conf"
-fi
-for m in $PSKY_EXTRA_MOUNTS; do
-  src=${m%%=*}; dst=${m#*=}
-  # Never create directories on the host's disk: only in /run or in a private root.
-  if [ -n "$R" ]; then mkdir -p "$R$dst"; else case "$dst" in /run/*) mkdir -p "$dst" ;; esac; fi
-  mount --bind -o ro "$src" "$R$dst"
-done
-for m in ${R:+$PSKY_SHARED_MOUNTS}; do
-  src=${m%%=*}; dst=${m#*=}
-  mkdir -p "$R$dst" && mount --bind "$src" "$R$dst"
-done
-if [ -n "$R" ]; then
-  cd "$R" && mkdir -p .psky-old && pivot_root . .psky-old && cd /
-  umount -l /.psky-old && rmdir /.psky-old
-fi
-echo configured
-if [ -n "$PSKY_COMMAND" ]; then
-  exec /bin/sh -c "exec $PSKY_COMMAND" >>"$PSKY_LOG" 2>&1
-fi
-exec "$PSKY_SSHD" -D -e -f "$PSKY_ROOT/sshd_config" >>"$PSKY_LOG"
-"""
+#: The program that starts a launch's nodes (one process forks them all; its docstring says why).
+NODE_INIT = Path(__file__).with_name("nodeinit.py")
 
 
 @dataclass
@@ -172,8 +97,9 @@ class NodeSpec:
 
 @dataclass
 class NodeProcess:
-    """A started node: the pid of the ``unshare`` process (in the node's network namespace)
-    and the pid of the node's first process (sshd, pid 1 inside the node)."""
+    """A started node: the pid of its keeper (in the node's network namespace, outside its
+    PID namespace: what ``unshare --fork`` would be) and the pid of the node's first process
+    (sshd, pid 1 inside the node)."""
 
     hostname: str
     ip: str
@@ -181,13 +107,25 @@ class NodeProcess:
     pid: int
     init_pid: int
     log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
     cgroup: Path | None = None  # the node's cgroup on the host, when it has one
+
+    @property
+    def exit_path(self) -> Path:
+        """Where the node's keeper writes its first process's exit code when it ends."""
+        return self.log_path.with_name("node.exit")
+
+    def exit_code(self) -> int | None:
+        """The first process's exit code (-N: killed by signal N) once the node has ended;
+        None while it runs, or when the keeper itself was killed before it could say."""
+        try:
+            return int(self.exit_path.read_text())
+        except (OSError, ValueError):
+            return None
 
 
 def require_tools() -> dict[str, str]:
     """Absolute paths of the programs a node needs, or a one-line error naming the package."""
-    needed = {"ip": "iproute2", "unshare": "util-linux", "mount": "mount", "sshd": "openssh-server"}
+    needed = {"ip": "iproute2", "sshd": "openssh-server"}
     found: dict[str, str] = {}
     search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
     missing = []
@@ -612,34 +550,174 @@ def start_nodes(
 
     Returns once every node has its address and mounts and is exec'ing sshd; the caller
     waits for the SSH banners.  (Dialling a node before its address exists costs a 1 s ARP
-    retry, hence the handshake.)  On any failure the nodes already started are stopped.
+    retry, hence the handshake.)  On any failure every node of the call is stopped.
     """
-    started: list[NodeProcess] = []
+    cgroups = [_new_node_cgroup(spec) for spec in specs]
+    plans = _node_plans(specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge)
     try:
-        for spec in specs:
-            started.append(_spawn(spec, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools))
-        for node in started:
-            _await_ready(node)
-        commands = []
-        for node in started:
-            commands.append(
-                f"link add {node.veth} mtu {mtu} {' '.join(_group_args(bridge))} type veth peer name eth0 "
-                f"mtu {mtu} address {node_mac(node.ip)} netns {node.pid}"
-            )
-            commands.append(f"link set {node.veth} master {bridge} up")
-        ip_batch(tools["ip"], commands)
-        for node in started:
-            set_alias(node.veth, str(Path(node.log_path).parent))
-        for node in started:
-            assert node.popen is not None and node.popen.stdin is not None
-            node.popen.stdin.write(b"go\n")
-            node.popen.stdin.close()
-        for node in started:
-            _await_line(node, b"configured", "configure its network and mounts")
+        spawner = _Spawner(specs, plans, cgroups)
+    except BaseException:
+        kill_cgroups(cgroups)
+        raise
+    try:
+        started = spawner.wait_configured()
+        spawner.close()
         return started
     except BaseException:
-        stop_nodes(tools["ip"], started)
+        spawner.close()
+        stop_nodes(tools["ip"], list(spawner.started.values()))
+        kill_cgroups(cgroups)  # and any node that never said it was there
         raise
+
+
+def _new_node_cgroup(spec: NodeSpec) -> Path | None:
+    cgroup = node_cgroup(spec.veth)
+    return cgroup if cgroup is not None and _make_cgroup(cgroup) else None
+
+
+#: The PATH of a node's first process (sshd, or a pod's command).
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _node_plans(
+    specs: Sequence[NodeSpec],
+    cgroups: Sequence[Path | None],
+    *,
+    prefixlen: int,
+    subnet: str,
+    mtu: int,
+    tools: dict[str, str],
+    bridge: str,
+) -> list[NodePlan]:
+    """What each node's start needs (:class:`~pytest_sky.backends.nodeinit.NodePlan`); a
+    private root's layer directories are made here, on the host, before the node starts."""
+    submounts: dict[tuple[Path, ...], list[tuple[str, str]]] = {}
+    try:
+        bridge_index = socket.if_nametoindex(bridge)
+    except OSError:
+        raise ProvisionError(f"bridge {bridge} is gone: was the cluster torn down meanwhile?") from None
+    plans = []
+    for spec, cgroup in zip(specs, cgroups, strict=True):
+        plan = NodePlan(
+            hostname=spec.hostname,
+            ip=spec.ip,
+            prefixlen=prefixlen,
+            subnet=subnet,
+            mtu=mtu,
+            root=str(spec.root),
+            log=str(spec.root / "node.log"),
+            exit_file=str(spec.root / "node.exit"),
+            sshd=tools["sshd"],
+            ip_tool=tools["ip"],
+            path=NODE_PATH,
+            command=shlex.join(spec.command) if spec.command else "",
+            env=dict(spec.env),
+            cgroup_dir=str(cgroup or ""),
+            cgroup_mode=spec.cgroup_mode if cgroup else "",
+            extra_mounts=list(spec.extra_mounts.items()),
+            veth=spec.veth,
+            mac=node_mac(spec.ip),
+            bridge_index=bridge_index,
+            link_group=link_group(bridge) or 0,
+            alias=str(spec.root),
+        )
+        if spec.layers is not None:
+            hidden = tuple(spec.hide)
+            mounts = submounts.setdefault(hidden, host_submounts(hidden))
+            prepare_layers(spec.layers, mounts)
+            plan.layers = str(spec.layers)
+            plan.submounts = [(i, mode, path) for i, (mode, path) in enumerate(mounts, 1)]
+            plan.hide = [str(h) for h in spec.hide]
+            plan.node_home = NODE_HOME
+            plan.shared_mounts = list(spec.shared_mounts.items())
+        plans.append(plan)
+    return plans
+
+
+class _Spawner:
+    """The one process that forks a call's nodes (``nodeinit.py``), and what it reports.
+
+    Its command line names every node's directory (``psky-node:<dir>``), and so does each
+    node's keeper, a fork of it: how :func:`node_processes` finds the nodes of a dead run."""
+
+    def __init__(self, specs: Sequence[NodeSpec], plans: Sequence[NodePlan], cgroups: Sequence[Path | None]) -> None:
+        self.specs, self.plans, self.cgroups = specs, plans, cgroups
+        self.started: dict[int, NodeProcess] = {}  # every node that said it exists, by index
+        argv = [sys.executable, "-S", "-I", str(NODE_INIT), *(f"psky-node:{s.root}" for s in specs)]
+        # A session of its own, as each node's keeper: Ctrl-C in the terminal reaches pytest,
+        # which tears nodes down in order, instead of killing them under it.  What the
+        # spawner itself might print (a crash) goes to the first node's log.
+        with open(plans[0].log, "ab") as log_file:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env={"PATH": NODE_PATH},
+                start_new_session=True,
+                close_fds=True,
+            )
+        self.buffer = b""
+        assert self.popen.stdin is not None
+        try:
+            self.popen.stdin.write((json.dumps({"nodes": [dataclasses.asdict(p) for p in plans]}) + "\n").encode())
+            self.popen.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended: wait_configured() says how
+
+    def wait_configured(self, timeout: float = 30.0) -> list[NodeProcess]:
+        """Every node, once each has said it is configured (and exec's sshd); the first node
+        that failed (or said nothing within ``timeout``) ends it with a ProvisionError."""
+        configured: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(configured) < len(self.specs):
+            line = self._line(deadline)
+            if line is None:
+                index = min(set(range(len(self.specs))) - configured)
+                late = f"no answer within {timeout:.0f} s" if time.monotonic() >= deadline else "no output"
+                raise self._failure(index, tail(Path(self.plans[index].log)) or late)
+            kind, index, *rest = line.split(" ", 2)
+            if kind == "failed":
+                detail = " ".join(rest) or "failed"
+                log_tail = tail(Path(self.plans[int(index)].log), 1)
+                raise self._failure(int(index), detail + (f" | {log_tail}" if detail not in log_tail else ""))
+            if kind == "ready":
+                spec, (pid, init) = self.specs[int(index)], rest[0].split()
+                log_path, cgroup = Path(self.plans[int(index)].log), self.cgroups[int(index)]
+                self.started[int(index)] = NodeProcess(
+                    spec.hostname, spec.ip, spec.veth, int(pid), int(init), log_path, cgroup
+                )
+            elif kind == "configured":
+                configured.add(int(index))
+        return [self.started[i] for i in range(len(self.specs))]
+
+    def _failure(self, index: int, detail: str) -> ProvisionError:
+        return ProvisionError(f"node {self.specs[index].hostname} did not start: {detail}")
+
+    def _line(self, deadline: float) -> str | None:
+        assert self.popen.stdout is not None
+        fd = self.popen.stdout.fileno()
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        """Let it go: once it has relayed the last report it ends by itself; before that, the
+        end of its input makes it kill every node it started."""
+        for stream in (self.popen.stdin, self.popen.stdout):
+            if stream is not None and not stream.closed:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
 
 
 def node_mac(ip: str) -> str:
@@ -648,34 +726,6 @@ def node_mac(ip: str) -> str:
     machine does, instead of going silent until every cache has expired."""
     octets = [int(o) for o in ip.split(".")]
     return ":".join(f"{b:02x}" for b in [0x02, 0x70, *octets])  # locally administered, unicast
-
-
-def _node_env(spec: NodeSpec, log_path: Path, *, prefixlen: int, subnet: str, mtu: int, sshd: str) -> dict[str, str]:
-    """What the node's init script (_NODE_INIT) reads: its identity, its link and what to run."""
-    env = {
-        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "PSKY_LOG": str(log_path),
-        "PSKY_HOSTNAME": spec.hostname,
-        "PSKY_IP": spec.ip,
-        "PSKY_PREFIXLEN": str(prefixlen),
-        "PSKY_SUBNET": subnet,
-        "PSKY_MTU": str(mtu),
-        "PSKY_ROOT": str(spec.root),
-        "PSKY_SSHD": sshd,
-        "PSKY_EXTRA_MOUNTS": " ".join(f"{src}={dst}" for src, dst in spec.extra_mounts.items()),
-        "PSKY_COMMAND": shlex.join(spec.command) if spec.command else "",
-        "PSKY_LAYERS": "",
-    }
-    if spec.layers is not None:
-        submounts = host_submounts(spec.hide)
-        prepare_layers(spec.layers, submounts)
-        env["PSKY_LAYERS"] = str(spec.layers)
-        env["PSKY_SUBMOUNTS"] = "\n".join(f"{i} {mode} {path}" for i, (mode, path) in enumerate(submounts, 1))
-        env["PSKY_HIDE"] = " ".join(str(h) for h in spec.hide)
-        env["PSKY_NODE_HOME"] = NODE_HOME
-        env["PSKY_SHARED_MOUNTS"] = " ".join(f"{src}={dst}" for src, dst in spec.shared_mounts.items())
-    env.update(spec.env)
-    return env
 
 
 #: Root's home on a node with a root of its own (``NodeSpec.layers``): its ``root/home``.
@@ -726,65 +776,10 @@ def prepare_layers(layers: Path, submounts: Sequence[tuple[str, str]]) -> None:
         os.chmod(upper, st.st_mode & 0o7777)
 
 
-def _spawn(spec: NodeSpec, *, prefixlen: int, subnet: str, mtu: int, tools: dict[str, str]) -> NodeProcess:
-    log_path = spec.root / "node.log"
-    env = _node_env(spec, log_path, prefixlen=prefixlen, subnet=subnet, mtu=mtu, sshd=tools["sshd"])
-    cgroup = node_cgroup(spec.veth)
-    if cgroup is not None and not _make_cgroup(cgroup):
-        cgroup = None
-    # The node enters its cgroup before unshare, so the namespace's root is that cgroup.
-    enter = ["/bin/sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', str(cgroup)] if cgroup else []
-    env["PSKY_CGROUP"] = spec.cgroup_mode if cgroup else ""
-    argv = [
-        *enter,
-        tools["unshare"],
-        "--net",
-        "--uts",
-        "--mount",
-        "--pid",
-        *(["--cgroup"] if cgroup else []),
-        "--fork",
-        "--mount-proc",
-        "--propagation",
-        "private",
-        "--kill-child=SIGKILL",
-        "/bin/sh",
-        "-c",
-        _NODE_INIT,
-        f"psky-node:{spec.root}",
-    ]
-    # A session of its own: Ctrl-C in the terminal reaches pytest, which tears nodes down
-    # in order, instead of killing them under it.
-    try:
-        with open(log_path, "ab") as log_file:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-    except BaseException:
-        kill_cgroups([cgroup])
-        raise
-    return NodeProcess(
-        hostname=spec.hostname,
-        ip=spec.ip,
-        veth=spec.veth,
-        pid=popen.pid,
-        init_pid=0,
-        log_path=log_path,
-        popen=popen,
-        cgroup=cgroup,
-    )
-
-
-def _await_line(node: NodeProcess, expected: bytes, what: str, timeout: float = 30.0) -> None:
-    """Read one line the node's init script prints at a milestone (the real signal)."""
-    assert node.popen is not None and node.popen.stdout is not None
-    fd = node.popen.stdout.fileno()
+def _await_line(popen: subprocess.Popen[bytes], expected: bytes, failure: str, log_path: Path, timeout: float) -> None:
+    """Read the one line a helper prints when it is in place (the real signal)."""
+    assert popen.stdout is not None
+    fd = popen.stdout.fileno()
     line = b""
     deadline = time.monotonic() + timeout
     while not line.endswith(b"\n"):
@@ -794,16 +789,11 @@ def _await_line(node: NodeProcess, expected: bytes, what: str, timeout: float = 
             break
         line += chunk
     if line.strip() != expected:
-        raise ProvisionError(f"node {node.hostname} did not {what}: {tail(node.log_path) or 'no output'}")
-
-
-def _await_ready(node: NodeProcess) -> None:
-    _await_line(node, b"ready", "start its namespaces")
-    node.init_pid = _child_pid(node.pid)
+        raise ProvisionError(f"{failure}: {tail(log_path) or 'no output'}")
 
 
 def _child_pid(pid: int) -> int:
-    """The first child of ``pid`` (a node's ``unshare`` has one: the node's first process), or 0."""
+    """The first child of ``pid`` (a node's keeper has one: the node's first process), or 0."""
     children = procs.children(pid)
     return children[0] if children else 0
 
@@ -871,8 +861,8 @@ def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
 
 
 def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
-    """(pid, command line) of node processes on this host: the ``unshare`` parents and init
-    scripts (their command line carries ``psky-node:<node dir>``) and the nodes' sshds.
+    """(pid, command line) of node processes on this host: the nodes' keepers and the spawner
+    that forked them (their command line carries ``psky-node:<node dir>``) and the nodes' sshds.
     With ``marker_prefix``, only the nodes whose directory starts with it."""
     found = []
     for pid in procs.pids():
@@ -925,18 +915,6 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = No
         delete_cluster_links(ip, bridge, [n.veth for n in nodes])
     else:
         delete_links(ip, [n.veth for n in nodes])
-    for node in nodes:
-        if node.popen is not None:
-            try:
-                node.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            for stream in (node.popen.stdin, node.popen.stdout):
-                if stream is not None and not stream.closed:
-                    try:
-                        stream.close()
-                    except OSError:
-                        pass
     if survivors:
         log.warning("node processes still alive after SIGKILL: %s", survivors)
     if stuck:
@@ -981,7 +959,13 @@ def spec_from_json(data: dict) -> NodeSpec:
 
 def fault_tools() -> dict[str, str]:
     """What injecting network faults takes on the host (not needed to run a cluster)."""
-    needed = {"tc": "iproute2", "iptables": "iptables", "iptables-restore": "iptables", "nsenter": "util-linux"}
+    needed = {
+        "tc": "iproute2",
+        "iptables": "iptables",
+        "iptables-restore": "iptables",
+        "nsenter": "util-linux",
+        "unshare": "util-linux",
+    }
     search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
     found = {tool: shutil.which(tool, path=search) for tool in needed}
     missing = sorted({needed[t] for t, path in found.items() if path is None})
@@ -996,8 +980,8 @@ def fault_tools() -> dict[str, str]:
 def netem_available() -> bool:
     """Whether this kernel has ``sch_netem``, tried where it harms nothing: a throwaway
     network namespace's loopback (many kernels, this one's too, are built without it)."""
-    tools = require_tools()
-    tc = fault_tools()["tc"]
+    tools = fault_tools()
+    tc = tools["tc"]
     proc = subprocess.run(
         [tools["unshare"], "--net", tc, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
         capture_output=True,
@@ -1136,8 +1120,6 @@ class Delayer:
 def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Path) -> Delayer:
     """Start the delayer in the node's network and PID namespaces (it dies with the node)
     and return once it owns the node's queue (it says ``bound``)."""
-    import sys
-
     script = Path(__file__).with_name("nfdelay.py")
     argv = [fault_tools()["nsenter"], "-t", str(init_pid), "-n", "-p", sys.executable, "-I", str(script)]
     with open(log_path, "ab") as log_file:
@@ -1149,9 +1131,8 @@ def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Pa
             start_new_session=True,
             close_fds=True,
         )
-    node = NodeProcess(hostname="delayer", ip="", veth="", pid=popen.pid, init_pid=0, log_path=log_path, popen=popen)
     try:
-        _await_line(node, b"bound", "start its packet delayer", timeout=30.0)
+        _await_line(popen, b"bound", "the node's packet delayer did not start", log_path, timeout=30.0)
     except BaseException:
         kill_and_wait([*procs.children(popen.pid), popen.pid])
         popen.wait(5)

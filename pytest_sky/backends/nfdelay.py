@@ -25,6 +25,12 @@ import struct
 import sys
 import time
 
+try:
+    from pytest_sky.backends import netlink
+except ImportError:  # run as a program of its own (python -I nfdelay.py): from its directory
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import netlink
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
 NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
@@ -34,27 +40,12 @@ NFQNL_COPY_META = 1
 NFQA_CFG_F_FAIL_OPEN, NFQA_CFG_F_GSO = 1, 4
 NFQA_PACKET_HDR, NFQA_VERDICT_HDR = 1, 2
 NF_ACCEPT = 1
-NLM_F_REQUEST, NLM_F_ACK = 1, 4
-NLMSG_ERROR = 2
+_attr = netlink.attr
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    raw = struct.pack("=HH", 4 + len(payload), kind) + payload
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def _message(kind: int, queue: int, attrs: bytes, flags: int = NLM_F_REQUEST, seq: int = 0) -> bytes:
+def _message(kind: int, queue: int, attrs: bytes, flags: int = netlink.NLM_F_REQUEST, seq: int = 0) -> bytes:
     body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(queue)) + attrs
-    return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | kind, flags, seq, 0) + body
-
-
-def _check_ack(sock: socket.socket) -> None:
-    data = sock.recv(65536)
-    _, kind = struct.unpack_from("=IH", data)
-    if kind == NLMSG_ERROR:
-        (err,) = struct.unpack_from("=i", data, 16)
-        if err:
-            raise OSError(-err, os.strerror(-err))
+    return netlink.message((NFNL_SUBSYS_QUEUE << 8) | kind, body, flags, seq)
 
 
 def bind(queue: int) -> socket.socket:
@@ -72,8 +63,8 @@ def bind(queue: int) -> socket.socket:
         + _attr(NFQA_CFG_MASK, struct.pack("!I", flags)),
     ]
     for seq, attrs in enumerate(steps, 1):
-        sock.send(_message(NFQNL_MSG_CONFIG, queue, attrs, NLM_F_REQUEST | NLM_F_ACK, seq))
-        _check_ack(sock)
+        sock.send(_message(NFQNL_MSG_CONFIG, queue, attrs, netlink.NLM_F_REQUEST | netlink.NLM_F_ACK, seq))
+        netlink.check_ack(sock, f"binding NFQUEUE {queue}")
     return sock
 
 

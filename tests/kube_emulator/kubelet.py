@@ -273,13 +273,10 @@ class Kubelet:
 
     def _signal_node(self, rt: PodRuntime) -> None:
         """SIGKILL the pod's first process (through its pidfd: never a recycled pid), which
-        ends its whole PID namespace; without one, unshare's --kill-child does the same."""
+        ends its whole PID namespace."""
         if rt.init_pidfd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(rt.init_pidfd, signal.SIGKILL)
-        elif rt.node is not None and rt.node.popen is not None and rt.node.popen.poll() is None:
-            with contextlib.suppress(OSError):
-                rt.node.popen.kill()
 
     async def shutdown(self) -> None:
         """Stop every pod, then remove the bridge and the instance directory."""
@@ -690,23 +687,21 @@ class Kubelet:
             rt.init_pidfd = None
 
     async def _wait_exit(self, node: netns.NodeProcess) -> int:
-        """The node's exit code, woken by a pidfd (no polling): unshare exits with its child's
-        status, or is killed by the same signal (128 + signal, as a container runtime reports)."""
+        """The node's exit code, woken by a pidfd on its keeper (no polling), which writes its
+        first process's status as it ends: a signal N is 128 + N, as a container runtime
+        reports it, and a keeper killed before it could say is a SIGKILL."""
         loop = asyncio.get_running_loop()
-        assert node.popen is not None
+        fd = os.pidfd_open(node.pid)
+        done = loop.create_future()
+        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
         try:
-            fd = os.pidfd_open(node.pid)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            done = loop.create_future()
-            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-            try:
-                await done
-            finally:
-                loop.remove_reader(fd)
-                os.close(fd)
-        code = await loop.run_in_executor(self.pool, node.popen.wait)
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        code = node.exit_code()
+        if code is None:
+            code = -signal.SIGKILL
         return 128 - code if code < 0 else code
 
     # -- status -----------------------------------------------------------------------------

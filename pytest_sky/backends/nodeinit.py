@@ -1,0 +1,432 @@
+"""A node's first moments: its namespaces, its root, its address, then its sshd.
+
+``netns.start_nodes`` runs this file as a program (``python -S -I nodeinit.py
+psky-node:<node dir> ...``, standard library only) once per launch, not once per node: one
+small process forks every node, and each node makes its namespaces, mounts and address with
+system calls before it execs sshd.  Why: the shell script this replaces started about 25
+programs per node (``unshare``, ``sh``, ``ip``, one ``mount`` per mount point, ...), which on
+2 cores kept 64 nodes from being ready for 2.6 s; a fork and a system call cost a fraction
+of a program's start.
+
+Each node is two processes, as ``unshare --fork`` makes them: the *keeper* (outside the
+node's PID namespace, inside its network namespace) waits for the node's first process,
+writes its exit code and dies with it; the *init* (pid 1 inside) mounts, makes the node's
+veth (every node its own, at once: no host step in between), configures it and becomes
+sshd, and is killed (``PR_SET_PDEATHSIG``) if its keeper dies.  Every keeper carries this
+program's command line, so the host finds the nodes of a dead run by their directories
+(``netns.node_processes``).
+
+The protocol, in lines on this program's stdin and stdout::
+
+    in:  one JSON object {"nodes": [NodePlan, ...]}
+    out: ready <i> <keeper pid> <init pid>        namespaces made (any order, per node)
+    out: configured <i>  |  failed <i> <message>  link, address and root in place: exec'ing
+    in:  end of input before every node is configured: the host gave up, kill them all
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import functools
+import json
+import os
+import select
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+try:
+    from pytest_sky.backends import netlink
+except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import netlink
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 32, 1024, 2048
+MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 4096, 16384, 1 << 18, 1 << 21
+ST_RELATIME = 4096  # statvfs's bit for relatime (the other per-mount bits match MS_*)
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+KEEPER_UP = 3  # the node's pipe to the spawner, at a fixed number after the fork
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class NodePlan:
+    """Everything one node's start needs, sent as JSON (``netns`` builds it from a NodeSpec)."""
+
+    hostname: str
+    ip: str
+    prefixlen: int
+    subnet: str
+    mtu: int
+    root: str  # the node's directory: etc/passwd, etc/hosts, sshd_config, home/
+    log: str  # the node's log: the output of everything it runs
+    exit_file: str  # where the keeper writes the init's exit code (-N: killed by signal N)
+    sshd: str
+    ip_tool: str
+    path: str  # PATH of the node's first process
+    command: str = ""  # instead of sshd (a pod's container command), a shell command line
+    env: dict[str, str] = field(default_factory=dict)  # added to the first process's environment
+    cgroup_dir: str = ""  # the node's cgroup on the host ("": none)
+    cgroup_mode: str = ""  # cgroup2 at /sys/fs/cgroup: "rw", "ro" or "" (not mounted)
+    layers: str = ""  # the node's layers directory ("": it shares the host's files)
+    submounts: list[tuple[int, str, str]] = field(default_factory=list)  # (layer, "rw"|"ro", path)
+    hide: list[str] = field(default_factory=list)
+    node_home: str = ""
+    extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
+    shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
+    veth: str = ""  # the host's end of the node's link (the node's own end is eth0)
+    mac: str = ""  # eth0's
+    bridge_index: int = 0  # the bridge the host's end goes on
+    link_group: int = 0  # the cluster's link group (0: none): one deletion removes them all
+    alias: str = ""  # the host's end's ifalias: the node's directory, for `pytest-sky doctor`
+
+
+class NodeInitError(Exception):
+    """A step of a node's start failed; the message names the step and the path."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise NodeInitError(f"{what}: {os.strerror(err)}")
+
+
+def _b(text: str | None) -> bytes | None:
+    return None if text is None else os.fsencode(text)
+
+
+def mount(source: str | None, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
+    _check(
+        _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)),
+        f"mount {fstype or 'bind'} {source or ''} on {target}",
+    )
+
+
+def bind(source: str, target: str, *, readonly: bool = False, recursive: bool = False) -> None:
+    """``mount --bind`` (``--rbind``), then, read-only, a remount that keeps the source's own
+    per-mount flags (nosuid, nodev, ...) as util-linux does: a node never gets more than the
+    host's mount allows."""
+    mount(source, target, None, MS_BIND | (MS_REC if recursive else 0))
+    if readonly:
+        st = os.statvfs(target)
+        kept = st.f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+        kept |= MS_RELATIME if st.f_flag & ST_RELATIME else 0
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+
+
+def _overlay(layers: str, index: int, lower: str, target: str) -> None:
+    """A copy-on-write view of ``lower`` whose writes land in layer ``index``."""
+    opts = f"lowerdir={lower},upperdir={layers}/{index}/upper,workdir={layers}/{index}/work"
+    mount(f"psky-layer{index}", target, "overlay", 0, opts)
+
+
+def _layer_root(plan: NodePlan, root: str) -> None:
+    """The node's ``/``: an overlay over the host's, and over each of its other mounts."""
+    layers = plan.layers
+    try:
+        _overlay(layers, 0, "/", root)
+    except NodeInitError as exc:
+        # The state directory's filesystem cannot hold an upper layer (it is an overlay itself,
+        # as in a container): keep the node's writes in memory instead, private all the same.
+        print(f"{exc}: the node's writes are kept in memory", file=sys.stderr)
+        mount("psky-layers", layers, "tmpfs", 0, "mode=700")
+        os.mkdir(root)
+        for index, mode, path in [(0, "rw", "/"), *plan.submounts]:
+            if mode == "rw":
+                upper = f"{layers}/{index}/upper"
+                os.makedirs(upper)
+                os.makedirs(f"{layers}/{index}/work")
+                st = os.stat(path)
+                os.chmod(upper, st.st_mode & 0o7777)
+                os.chown(upper, st.st_uid, st.st_gid)
+        _overlay(layers, 0, "/", root)
+    for index, mode, path in plan.submounts:
+        if not os.path.exists(root + path):
+            continue
+        if mode == "rw":
+            try:
+                _overlay(layers, index, path, root + path)
+                continue
+            except NodeInitError as exc:
+                print(f"{exc}: read-only instead", file=sys.stderr)
+        bind(path, root + path, readonly=True)
+
+
+def _private_root(plan: NodePlan, root: str) -> None:
+    """The layers, then what a machine has of its own: devices, /proc, hidden state, home."""
+    _layer_root(plan, root)
+    bind("/dev", f"{root}/dev", recursive=True)
+    mount("psky-shm", f"{root}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("psky-proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for hidden in plan.hide:
+        if os.path.isdir(root + hidden):  # not there (under the node's own /dev/shm): hidden already
+            mount("psky-hidden", root + hidden, "tmpfs", 0, "mode=700,size=1m")
+    # Every node's home is at the same path, as on a real cluster (mpirun starts remote ranks
+    # in the head's working directory): the node's own home directory, at NODE_HOME.
+    node_dir, home = plan.root, plan.node_home
+    os.makedirs(root + node_dir, exist_ok=True)
+    os.makedirs(root + home, exist_ok=True)
+    bind(node_dir, root + node_dir)
+    bind(f"{node_dir}/home", root + home)
+
+
+def _resolver(plan: NodePlan, root: str) -> None:
+    """A resolver of the node's own (a pod's cluster DNS), over whatever the image has there:
+    a link (systemd-resolved's stub) is replaced in the node's own layer, never the host's."""
+    own = f"{plan.root}/etc/resolv.conf"
+    if not (root and os.path.isfile(own)):
+        return
+    target = f"{root}/etc/resolv.conf"
+    if os.path.islink(target) or not os.path.exists(target):
+        if os.path.lexists(target):
+            os.unlink(target)
+        open(target, "w").close()
+    bind(own, target)
+
+
+def _mounts(plan: NodePlan) -> None:
+    """Every mount of the node, in the order a later one may sit on an earlier one."""
+    root = f"{plan.layers}/merged" if plan.layers else ""  # "": the host's own /, shared
+    if root:
+        _private_root(plan, root)
+    else:
+        mount("psky-proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's
+    mount("psky-run", f"{root}/run", "tmpfs", 0, "mode=755,size=64m")
+    mount("psky-sys", f"{root}/sys", "sysfs")
+    if plan.cgroup_mode:
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | (MS_RDONLY if plan.cgroup_mode == "ro" else 0)
+        mount("psky-cgroup", f"{root}/sys/fs/cgroup", "cgroup2", flags)
+    os.mkdir(f"{root}/run/sshd")
+    os.chmod(f"{root}/run/sshd", 0o755)
+    bind(f"{plan.root}/etc/passwd", f"{root}/etc/passwd")
+    bind(f"{plan.root}/etc/hosts", f"{root}/etc/hosts")
+    _resolver(plan, root)
+    for source, target in plan.extra_mounts:
+        # Never create directories on the host's disk: only in /run or in a private root.
+        if root or target.startswith("/run/"):
+            os.makedirs(root + target, exist_ok=True)
+        bind(source, root + target, readonly=True)
+    for source, target in plan.shared_mounts if root else []:
+        os.makedirs(root + target, exist_ok=True)
+        bind(source, root + target)
+
+
+RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
+NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_LINKINFO = 1, 3, 4, 10, 18
+IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD = 20, 27, 28
+IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+RTA_DST, RTA_OIF, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 7, 8, 15
+RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST = 254, 2, 253, 1
+IFF_UP = 1
+
+
+def _ifinfo(index: int = 0, up: bool = False) -> bytes:
+    """``struct ifinfomsg``: the link by index (0: by its IFLA_IFNAME), brought up or not."""
+    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP if up else 0)
+
+
+def _u32(kind: int, value: int) -> bytes:
+    return netlink.attr(kind, struct.pack("=I", value))
+
+
+def _name(kind: int, text: str) -> bytes:
+    return netlink.attr(kind, text.encode() + b"\0")
+
+
+def _request(sock: socket.socket, what: str, kind: int, flags: int, body: bytes) -> None:
+    sock.send(netlink.message(kind, body, netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | flags))
+    netlink.check_ack(sock, what)
+
+
+def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket.socket) -> None:
+    """The node's veth, made by the node itself (every node at once, none waiting for a host
+    step): ``eth0`` here with its MAC fixed by its IP, the peer in the host's namespace in
+    the cluster's link group, then put on the bridge and brought up from the host's side
+    (``host_sock`` was opened there, before the node had a namespace of its own)."""
+    peer = _ifinfo() + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MTU, plan.mtu) + _u32(IFLA_NET_NS_FD, host_netns)
+    if plan.link_group:
+        peer += _u32(IFLA_GROUP, plan.link_group)
+    info = _name(IFLA_INFO_KIND, "veth") + netlink.attr(IFLA_INFO_DATA, netlink.attr(VETH_INFO_PEER, peer))
+    eth0 = _ifinfo() + _name(IFLA_IFNAME, "eth0") + _u32(IFLA_MTU, plan.mtu)
+    eth0 += netlink.attr(IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
+    _request(
+        own,
+        f"create veth {plan.veth}",
+        RTM_NEWLINK,
+        NLM_F_CREATE | NLM_F_EXCL,
+        eth0 + netlink.attr(IFLA_LINKINFO, info),
+    )
+    host_end = _ifinfo(up=True) + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MASTER, plan.bridge_index)
+    _request(host_sock, f"put {plan.veth} on its bridge", RTM_NEWLINK, 0, host_end + _name(IFLA_IFALIAS, plan.alias))
+
+
+def _network(plan: NodePlan, own: socket.socket) -> None:
+    """``lo`` and ``eth0`` up, the node's address, and the subnet's route with quickack (no
+    delayed ACKs between nodes): what ``ip`` would send, straight to the kernel."""
+    lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
+    address = socket.inet_aton(plan.ip)
+    subnet, _, length = plan.subnet.partition("/")
+    _request(own, "lo up", RTM_NEWLINK, 0, _ifinfo(lo, up=True))
+    _request(own, "eth0 up", RTM_NEWLINK, 0, _ifinfo(eth0, up=True))
+    addr = struct.pack("=BBBBI", socket.AF_INET, plan.prefixlen, 0, 0, eth0)
+    addr += netlink.attr(IFA_LOCAL, address) + netlink.attr(IFA_ADDRESS, address)
+    _request(own, f"address {plan.ip}/{plan.prefixlen}", RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, addr)
+    route = struct.pack(
+        "=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST, 0
+    )
+    route += netlink.attr(RTA_DST, socket.inet_aton(subnet)) + _u32(RTA_OIF, eth0) + netlink.attr(RTA_PREFSRC, address)
+    route += netlink.attr(RTA_METRICS, _u32(RTAX_QUICKACK, 1))
+    _request(own, f"route {plan.subnet} quickack", RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
+
+
+def _pivot(root: str) -> None:
+    """Make ``root`` the node's ``/`` and let go of the host's."""
+    os.chdir(root)
+    os.mkdir(".psky-old")
+    _check(_libc.pivot_root(b".", b".psky-old"), f"pivot_root to {root}")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.psky-old", MNT_DETACH), "umount the host's root")
+    os.rmdir("/.psky-old")
+
+
+def _say(line: str) -> None:
+    os.write(KEEPER_UP, (line + "\n").encode())
+
+
+def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket) -> None:
+    """The node's pid 1: mounts, link, address, root, then sshd (or the pod's command)."""
+    _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
+    with open("/proc/sys/kernel/hostname", "w") as f:
+        f.write(plan.hostname)
+    _mounts(plan)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
+        _link(plan, host_netns, host_sock, own)
+        host_sock.close()
+        os.close(host_netns)
+        _network(plan, own)
+    if plan.layers:
+        _pivot(f"{plan.layers}/merged")
+    _say(f"configured {index}")
+    os.close(KEEPER_UP)
+    env = {"PATH": plan.path, **plan.env}
+    if plan.command:
+        os.execve("/bin/sh", ["/bin/sh", "-c", "exec " + plan.command], env)
+    os.execve(plan.sshd, [plan.sshd, "-D", "-e", "-f", f"{plan.root}/sshd_config"], env)
+
+
+def _keeper(index: int, plan: NodePlan, up: int) -> None:
+    """Runs in the forked child: its own session, cgroup and namespaces, then the init."""
+    os.setsid()
+    os.dup2(fcntl.fcntl(up, fcntl.F_DUPFD, 10), KEEPER_UP)  # by way of 10 and up: clear of 3
+    log = os.open(plan.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(KEEPER_UP + 1, os.sysconf("SC_OPEN_MAX"))
+    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - for the process's life
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(plan.exit_file)  # an earlier boot's: this one's is written when it ends
+    # The host's network namespace and a netlink socket in it, for the node's own veth.
+    host_netns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    host_sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    if plan.cgroup_dir:  # entered before unshare, so the namespace's root is this cgroup
+        with open(f"{plan.cgroup_dir}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    flags = CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWPID
+    _check(_libc.unshare(flags | (CLONE_NEWCGROUP if plan.cgroup_dir else 0)), "unshare")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    init = os.fork()
+    if init == 0:
+        _run(functools.partial(_init, index, plan, host_netns, host_sock), index)
+    host_sock.close()
+    os.close(host_netns)
+    _say(f"ready {index} {os.getpid()} {init}")
+    _, status = os.waitpid(init, 0)
+    code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+    # The node's directory is at its own path in the node's view too (its root is this
+    # keeper's since pivot_root), so this lands in the host's node directory either way.
+    with open(plan.exit_file, "w") as f:
+        f.write(f"{code}\n")
+    os._exit(128 - code if code < 0 else code)
+
+
+def _run(step: Callable[[], None], index: int) -> None:
+    """A forked process's whole life (node ``index``'s keeper or init): it never returns
+    into the spawner's loop."""
+    try:
+        step()
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"node init: {message}", file=sys.stderr)
+        try:
+            _say(f"failed {index} {message}")
+        except OSError:
+            pass
+    os._exit(1)
+
+
+def _start(plans: list[NodePlan]) -> tuple[dict[int, int], list[int]]:
+    """Fork every node's keeper; returns ``{read end of its pipe: node index}`` and the
+    keepers' pids."""
+    pipes, keepers = {}, []
+    for index, plan in enumerate(plans):
+        up_r, up_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(up_r)
+            _run(functools.partial(_keeper, index, plan, up_w), index)
+        os.close(up_w)
+        pipes[up_r] = index
+        keepers.append(pid)
+    return pipes, keepers
+
+
+def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
+    """Copy the nodes' lines to stdout until each has said ``configured`` (or failed, or
+    died); if the host's end closes first, no node of this launch may outlive it."""
+    pending = dict(pipes)
+    buffers = {fd: b"" for fd in pending}
+    while pending:
+        for fd in select.select([*pending, 0], [], [])[0]:
+            if fd == 0:
+                if not os.read(0, 4096):
+                    for pid in keepers:
+                        os.kill(pid, 9)  # each init dies with its keeper (PR_SET_PDEATHSIG)
+                    return
+                continue
+            chunk = os.read(fd, 4096)
+            buffers[fd] += chunk
+            while b"\n" in buffers[fd]:
+                line, buffers[fd] = buffers[fd].split(b"\n", 1)
+                print(line.decode(), flush=True)
+                if line.startswith((b"configured ", b"failed ")):
+                    pending.pop(fd, None)
+            if not chunk and fd in pending:
+                print(f"failed {pending.pop(fd)} the node's first process exited", flush=True)
+            if not chunk:
+                os.close(fd)
+
+
+def main() -> None:
+    plans = [NodePlan(**plan) for plan in json.loads(sys.stdin.buffer.readline())["nodes"]]
+    _relay(*_start(plans))
+    sys.stdout.flush()
+    os._exit(0)  # at once: the host waits for this exit, while 64 sshds want the CPU
+
+
+if __name__ == "__main__":
+    main()
