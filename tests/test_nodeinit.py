@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,3 +142,37 @@ def test_a_node_that_cannot_mount_says_which_mount_and_leaves_nothing(tmp_path, 
     assert netns.node_processes(str(tmp_path)) == []
     assert not netns.link_exists(f"{name}n0") and not netns.link_exists(f"{name}n1")
     assert [c for c in (netns.node_cgroup(s.veth) for s in specs) if c is not None and c.exists()] == []
+
+
+def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(capfd):
+    """The keeper says ``ready`` after forking the init, which may be configured first; the
+    spawner relays both lines whatever their order, and the host waits for both (a 64-node
+    bench run once lost node 53's ``ready`` this way)."""
+    from pytest_sky.backends import nodeinit
+
+    up_r, up_w = os.pipe()
+    os.write(up_w, b"configured 0\nready 0 4242 4243\n")
+    os.close(up_w)
+    stdin_r, stdin_w = os.pipe()  # the host's end, still open: as the spawner's stdin
+    saved = os.dup(0)
+    os.dup2(stdin_r, 0)
+    try:
+        nodeinit._relay({up_r: 0}, keepers=[])
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, stdin_r, stdin_w):
+            os.close(fd)
+    relayed = capfd.readouterr().out
+    assert relayed.splitlines() == ["configured 0", "ready 0 4242 4243"]
+
+    spawner = object.__new__(netns._Spawner)
+    spec = netns.NodeSpec(hostname="n0", ip="198.18.0.2", root=Path("/nonexistent"), veth="psky0n0")
+    spawner.specs, spawner.cgroups, spawner.started, spawner.buffer = [spec], [None], {}, b""
+    spawner.plans = [SimpleNamespace(log="/nonexistent/node.log")]
+    out_r, out_w = os.pipe()
+    os.write(out_w, relayed.encode())
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as stdout:
+        spawner.popen = SimpleNamespace(stdout=stdout)
+        (node,) = spawner.wait_configured(timeout=5)
+    assert (node.pid, node.init_pid) == (4242, 4243)

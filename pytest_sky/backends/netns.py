@@ -668,12 +668,12 @@ class _Spawner:
     def wait_configured(self, timeout: float = 30.0) -> list[NodeProcess]:
         """Every node, once each has said it is configured (and exec's sshd); the first node
         that failed (or said nothing within ``timeout``) ends it with a ProvisionError."""
-        configured: set[int] = set()
+        configured: set[int] = set()  # its init said so; its keeper's "ready" may come later
         deadline = time.monotonic() + timeout
-        while len(configured) < len(self.specs):
+        while len(configured) < len(self.specs) or len(self.started) < len(self.specs):
             line = self._line(deadline)
             if line is None:
-                index = min(set(range(len(self.specs))) - configured)
+                index = min(set(range(len(self.specs))) - (configured & set(self.started)))
                 late = f"no answer within {timeout:.0f} s" if time.monotonic() >= deadline else "no output"
                 raise self._failure(index, tail(Path(self.plans[index].log)) or late)
             kind, index, *rest = line.split(" ", 2)

@@ -19,8 +19,9 @@ program's command line, so the host finds the nodes of a dead run by their direc
 The protocol, in lines on this program's stdin and stdout::
 
     in:  one JSON object {"nodes": [NodePlan, ...]}
-    out: ready <i> <keeper pid> <init pid>        namespaces made (any order, per node)
-    out: configured <i>  |  failed <i> <message>  link, address and root in place: exec'ing
+    out: ready <i> <keeper pid> <init pid>        namespaces made (the keeper says it)
+    out: configured <i>  |  failed <i> <message>  link, address and root in place (the init)
+                                                  ready and configured come in either order
     in:  end of input before every node is configured: the host gave up, kill them all
 """
 
@@ -396,9 +397,10 @@ def _start(plans: list[NodePlan]) -> tuple[dict[int, int], list[int]]:
 
 
 def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
-    """Copy the nodes' lines to stdout until each has said ``configured`` (or failed, or
-    died); if the host's end closes first, no node of this launch may outlive it."""
-    pending = dict(pipes)
+    """Copy the nodes' lines to stdout until each has said both ``ready`` (its keeper) and
+    ``configured`` (its init), in whichever order they ran, or failed, or died; if the
+    host's end closes first, no node of this launch may outlive it."""
+    pending = {fd: {b"ready", b"configured"} for fd in pipes}
     buffers = {fd: b"" for fd in pending}
     while pending:
         for fd in select.select([*pending, 0], [], [])[0]:
@@ -413,10 +415,16 @@ def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
             while b"\n" in buffers[fd]:
                 line, buffers[fd] = buffers[fd].split(b"\n", 1)
                 print(line.decode(), flush=True)
-                if line.startswith((b"configured ", b"failed ")):
+                word = line.split(b" ", 1)[0]
+                if word == b"failed":
                     pending.pop(fd, None)
+                elif fd in pending:
+                    pending[fd].discard(word)
+                    if not pending[fd]:
+                        del pending[fd]
             if not chunk and fd in pending:
-                print(f"failed {pending.pop(fd)} the node's first process exited", flush=True)
+                del pending[fd]
+                print(f"failed {pipes[fd]} the node's first process exited", flush=True)
             if not chunk:
                 os.close(fd)
 
