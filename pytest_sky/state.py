@@ -105,6 +105,7 @@ class StateStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or home()
         (self.root / "clusters").mkdir(parents=True, exist_ok=True, mode=0o700)
+        mark_top_directory(self.root / "clusters")
         self._lock = FileLock(str(self.root / "state.lock"))
 
     @contextmanager
@@ -171,6 +172,38 @@ class StateStore:
     def stale_trash(self) -> list[Path]:
         """Files of torn-down clusters that no live process is still deleting."""
         return stale_trash(self.root / TRASH)
+
+
+#: ``FS_IOC_GETFLAGS`` / ``FS_IOC_SETFLAGS`` and ``FS_TOPDIR_FL`` (linux/fs.h): chattr's ``T``.
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
+
+
+def mark_top_directory(path: Path) -> None:
+    """Ask ext4 to place each cluster directory made under ``path`` in a block group of its
+    own (chattr +T: "the top of directory hierarchies" for its Orlov allocator).
+
+    Why: a cluster is a tree of a few thousand files made and deleted as a unit, and ext4
+    without a journal skips every inode deleted in the last ~30 s when it allocates one.
+    With every cluster in the same group, a launch right after a teardown paid a scan past
+    the last cluster's inodes for each of its own: 64 nodes took 1.45 s to be ready instead
+    of 1.0 s.  Elsewhere (another filesystem, no such flag) this does nothing."""
+    import array
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        flags = array.array("l", [0])
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        if not flags[0] & _FS_TOPDIR_FL:
+            flags[0] |= _FS_TOPDIR_FL
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
+    except OSError:
+        pass  # not ext2/3/4, or not ours to change: only a placement hint is lost
+    finally:
+        os.close(fd)
 
 
 def stale_trash(trash: Path) -> list[Path]:

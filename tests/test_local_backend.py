@@ -370,3 +370,28 @@ def test_reaper_removes_bridges_no_cluster_owns_and_only_those(sky_home: Path):
         assert netns.link_exists(foreign)  # another state directory's, or the emulator's: not ours to judge
     finally:
         netns.delete_links(ip, [orphan, foreign])
+
+
+def test_each_cluster_directory_is_the_top_of_its_own_hierarchy_for_ext4(tmp_path: Path):
+    """``clusters/`` carries chattr's ``T``: ext4 spreads the cluster directories made under
+    it over block groups, so a launch right after a teardown does not scan past the last
+    cluster's freshly deleted inodes (64 nodes: 1.45 s to ready without it, 1.0 s with it,
+    on this machine's journal-less ext4)."""
+    import array
+    import fcntl
+
+    from pytest_sky import state
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    flags = array.array("l", [0])
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, state._FS_IOC_GETFLAGS, flags, True)
+    except OSError:
+        pytest.skip(f"{tmp_path}'s filesystem has no inode flags (chattr): nothing to place")
+    finally:
+        os.close(fd)
+    StateStore(tmp_path / "home")
+    lsattr = subprocess.run(["lsattr", "-d", str(tmp_path / "home" / "clusters")], capture_output=True, text=True)
+    assert lsattr.stdout.split()[0].count("T") == 1, lsattr.stdout
