@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_sky.ssh.sshd import daemon_args
+
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin:" + os.environ.get("PATH", "")) or "/usr/sbin/sshd"
 TRIAL_TIMEOUT = 20.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -122,6 +124,7 @@ class PlainSshdPool:
             raise ValueError(f"asked for {n} sshds, prepared {self.max_nodes}")
         assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
         req = {
+            "args": list(daemon_args(SSHD)),  # as a node runs it: the same work
             "configs": [str(c) for c in self.configs[:n]],
             "ports": self.ports[:n],
             "logs": [str(p) for p in self.logs[:n]],
@@ -212,7 +215,7 @@ def _run_trial(req: dict) -> dict:
         for cfg, out in zip(req["configs"], files, strict=True):
             procs.append(
                 subprocess.Popen(
-                    [SSHD, "-D", "-e", "-f", cfg], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out
+                    [SSHD, *req["args"], "-f", cfg], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out
                 )
             )
         _wait_banners(procs, req["ports"], req["logs"], time.monotonic() + TRIAL_TIMEOUT)

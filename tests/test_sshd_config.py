@@ -247,3 +247,20 @@ def test_two_launches_of_one_name_never_share_an_ssh_master(tmp_path: Path) -> N
         # ssh binds "<path>.<16 random chars>" first; macOS allows 104 bytes, Linux 108.
         assert len(path.encode()) + 17 < 104, path
     assert paths[0] != paths[1], paths
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("OpenSSH_9.2p1 Debian-2+deb12u10, OpenSSL 3.0.19", ("-D", "-e", "-r")),
+        ("OpenSSH_7.4p1, OpenSSL 1.0.2k-fips", ("-D", "-e", "-r")),
+        ("OpenSSH_9.8p1, OpenSSL 3.3.1", ("-D", "-e")),  # sshd-session: no -r any more
+        ("OpenSSH_10.0p2", ("-D", "-e")),
+        ("sshd: illegal option -- V", ("-D", "-e")),  # no version known: nothing it may lack
+    ],
+)
+def test_nodes_run_sshd_without_a_re_exec_only_where_sshd_has_the_option(tmp_path: Path, version, expected) -> None:
+    fake = tmp_path / "sshd"
+    fake.write_text(f"#!/bin/sh\necho '{version}' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    assert sshd.daemon_args(str(fake)) == expected

@@ -52,6 +52,7 @@ from pathlib import Path
 from pytest_sky import naming, procs
 from pytest_sky.backends.nodeinit import NodePlan
 from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
+from pytest_sky.ssh import sshd as sshd_config
 
 log = logging.getLogger(__name__)
 
@@ -608,6 +609,7 @@ def _node_plans(
             log=str(spec.root / "node.log"),
             exit_file=str(spec.root / "node.exit"),
             sshd=tools["sshd"],
+            sshd_args=list(sshd_config.daemon_args(tools["sshd"])),
             ip_tool=tools["ip"],
             path=NODE_PATH,
             command=shlex.join(spec.command) if spec.command else "",

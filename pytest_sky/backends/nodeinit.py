@@ -75,6 +75,7 @@ class NodePlan:
     log: str  # the node's log: the output of everything it runs
     exit_file: str  # where the keeper writes the init's exit code (-N: killed by signal N)
     sshd: str
+    sshd_args: list[str]  # before -f: sshd.daemon_args
     ip_tool: str
     path: str  # PATH of the node's first process
     command: str = ""  # instead of sshd (a pod's container command), a shell command line
@@ -326,7 +327,7 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
     env = {"PATH": plan.path, **plan.env}
     if plan.command:
         os.execve("/bin/sh", ["/bin/sh", "-c", "exec " + plan.command], env)
-    os.execve(plan.sshd, [plan.sshd, "-D", "-e", "-f", f"{plan.root}/sshd_config"], env)
+    os.execve(plan.sshd, [plan.sshd, *plan.sshd_args, "-f", f"{plan.root}/sshd_config"], env)
 
 
 def _keeper(index: int, plan: NodePlan, up: int) -> None:

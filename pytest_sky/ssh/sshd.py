@@ -8,7 +8,30 @@ files live and whether the PATH is known when the config is written (see :func:`
 
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
+
 from pytest_sky.ssh.config import KEX
+
+
+@functools.cache
+def daemon_args(sshd: str) -> tuple[str, ...]:
+    """How a node runs ``sshd``: in the foreground (``-D``), logging to stderr (``-e``) and,
+    where it has the option (OpenSSH before 9.8, which split out ``sshd-session``), without
+    re-executing itself for every connection (``-r``).
+
+    Why ``-r``: the re-exec gives each connection a fresh address-space layout, hardening a
+    long-lived server; a test node lives for seconds, and the re-exec (a fork, an exec and a
+    second read of the config and host key per connection) was a quarter of the time 64
+    nodes took to answer their first connection.  What a client sees is the same."""
+    try:
+        probe = subprocess.run([sshd, "-V"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ("-D", "-e")
+    found = re.search(r"OpenSSH_(\d+)\.(\d+)", probe.stdout + probe.stderr)
+    old = found is not None and (int(found.group(1)), int(found.group(2))) < (9, 8)
+    return ("-D", "-e", "-r") if old else ("-D", "-e")
 
 
 def render(
