@@ -464,9 +464,10 @@ _RECORDS: dict[str, JobRecord] = {}  # what this process wrote: never read back 
 
 def _save(job_dir: str, record: JobRecord) -> JobRecord:
     path = os.path.join(job_dir, "status.json")
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"  # the agent and a `wait` marking it dead may both write
+    with open(tmp, "w") as f:
         f.write(record.encode())
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
     _RECORDS[job_dir] = record
     return record
 
@@ -492,6 +493,13 @@ def _read_status(job_dir: str) -> JobRecord | None:
 
 
 def _died(job_dir: str) -> JobRecord:
+    """Mark a live job whose agent is gone as failed, unless it has ended meanwhile: the agent
+    writes its last record and exits between a caller's read of the record and its look at
+    the agent's pid, and that record (a rank's failure, say) is the one that tells why."""
+    record = _read_status(job_dir)
+    if record is not None and record.status in TERMINAL:
+        _RECORDS[job_dir] = record
+        return record
     return _update(job_dir, status=JobStatus.FAILED, error="the job's agent died", ended=time.time())
 
 
