@@ -554,8 +554,8 @@ def start_nodes(
     retry, hence the handshake.)  On any failure every node of the call is stopped.
     """
     cgroups = [_new_node_cgroup(spec) for spec in specs]
-    plans = _node_plans(specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge)
     try:
+        plans = _node_plans(specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge)
         spawner = _Spawner(specs, plans, cgroups)
     except BaseException:
         kill_cgroups(cgroups)
@@ -610,7 +610,6 @@ def _node_plans(
             exit_file=str(spec.root / "node.exit"),
             sshd=tools["sshd"],
             sshd_args=list(sshd_config.daemon_args(tools["sshd"])),
-            ip_tool=tools["ip"],
             path=NODE_PATH,
             command=shlex.join(spec.command) if spec.command else "",
             env=dict(spec.env),

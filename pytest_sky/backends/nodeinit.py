@@ -76,7 +76,6 @@ class NodePlan:
     exit_file: str  # where the keeper writes the init's exit code (-N: killed by signal N)
     sshd: str
     sshd_args: list[str]  # before -f: sshd.daemon_args
-    ip_tool: str
     path: str  # PATH of the node's first process
     command: str = ""  # instead of sshd (a pod's container command), a shell command line
     env: dict[str, str] = field(default_factory=dict)  # added to the first process's environment
