@@ -567,7 +567,10 @@ def start_nodes(
     except BaseException:
         spawner.close()
         stop_nodes(tools["ip"], list(spawner.started.values()))
-        kill_cgroups(cgroups)  # and any node that never said it was there
+        kill_cgroups(cgroups)  # and any node that never said it was there (waited until empty)
+        # A node killed before the host heard of it may have made its veth already; the
+        # kernel removes it with the node's namespace, but later: remove it now, by name.
+        delete_links(tools["ip"], [s.veth for s in specs])
         raise
 
 
