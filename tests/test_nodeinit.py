@@ -169,12 +169,12 @@ def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(
 
     spawner = object.__new__(netns._Spawner)
     spec = netns.NodeSpec(hostname="n0", ip="198.18.0.2", root=Path("/nonexistent"), veth="psky0n0")
-    spawner.specs, spawner.cgroups, spawner.started, spawner.buffer = [spec], [None], {}, b""
+    spawner.specs, spawner.cgroups, spawner.started = [spec], [None], {}
     spawner.plans = [SimpleNamespace(log="/nonexistent/node.log")]
     out_r, out_w = os.pipe()
     os.write(out_w, relayed.encode())
     os.close(out_w)
     with os.fdopen(out_r, "rb") as stdout:
-        spawner.popen = SimpleNamespace(stdout=stdout)
+        spawner.lines = netns._Lines(SimpleNamespace(stdout=stdout))
         (node,) = spawner.wait_configured(timeout=5)
     assert (node.pid, node.init_pid) == (4242, 4243)

@@ -28,7 +28,7 @@ from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
-from pytest_sky.ssh.banner import wait_for_banners
+from pytest_sky.ssh.banner import NO_BANNER, wait_for_banners
 from pytest_sky.ssh.keys import write_private
 from pytest_sky.state import Journal
 
@@ -431,7 +431,7 @@ class LocalBackend(Backend):
         if failed:
             i, why = min(failed.items())
             node = started[i]
-            if why == "no banner by the deadline":
+            if why == NO_BANNER:
                 why = f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
             raise ProvisionError(f"node {node.hostname} did not come up: {why}")
 

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 #: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
 LINK_PREFIX = "psky"
 
+#: In a node's directory: the output of everything it runs, and its first process's exit code.
+NODE_LOG, NODE_EXIT = "node.log", "node.exit"
+
 #: The program that starts a launch's nodes (one process forks them all; its docstring says why).
 NODE_INIT = Path(__file__).with_name("nodeinit.py")
 
@@ -113,7 +116,7 @@ class NodeProcess:
     @property
     def exit_path(self) -> Path:
         """Where the node's keeper writes its first process's exit code when it ends."""
-        return self.log_path.with_name("node.exit")
+        return self.log_path.with_name(NODE_EXIT)
 
     def exit_code(self) -> int | None:
         """The first process's exit code (-N: killed by signal N) once the node has ended;
@@ -600,6 +603,7 @@ def _node_plans(
         bridge_index = socket.if_nametoindex(bridge)
     except OSError:
         raise ProvisionError(f"bridge {bridge} is gone: was the cluster torn down meanwhile?") from None
+    group, sshd_args = link_group(bridge) or 0, list(sshd_config.daemon_args(tools["sshd"]))
     plans = []
     for spec, cgroup in zip(specs, cgroups, strict=True):
         plan = NodePlan(
@@ -609,10 +613,10 @@ def _node_plans(
             subnet=subnet,
             mtu=mtu,
             root=str(spec.root),
-            log=str(spec.root / "node.log"),
-            exit_file=str(spec.root / "node.exit"),
+            log=str(spec.root / NODE_LOG),
+            exit_file=str(spec.root / NODE_EXIT),
             sshd=tools["sshd"],
-            sshd_args=list(sshd_config.daemon_args(tools["sshd"])),
+            sshd_args=sshd_args,
             path=NODE_PATH,
             command=shlex.join(spec.command) if spec.command else "",
             env=dict(spec.env),
@@ -622,7 +626,7 @@ def _node_plans(
             veth=spec.veth,
             mac=node_mac(spec.ip),
             bridge_index=bridge_index,
-            link_group=link_group(bridge) or 0,
+            link_group=group,
             alias=str(spec.root),
         )
         if spec.layers is not None:
@@ -661,7 +665,7 @@ class _Spawner:
                 start_new_session=True,
                 close_fds=True,
             )
-        self.buffer = b""
+        self.lines = _Lines(self.popen)
         assert self.popen.stdin is not None
         try:
             self.popen.stdin.write((json.dumps({"nodes": [dataclasses.asdict(p) for p in plans]}) + "\n").encode())
@@ -675,7 +679,7 @@ class _Spawner:
         configured: set[int] = set()  # its init said so; its keeper's "ready" may come later
         deadline = time.monotonic() + timeout
         while len(configured) < len(self.specs) or len(self.started) < len(self.specs):
-            line = self._line(deadline)
+            line = self.lines.next(deadline)
             if line is None:
                 index = min(set(range(len(self.specs))) - (configured & set(self.started)))
                 late = f"no answer within {timeout:.0f} s" if time.monotonic() >= deadline else "no output"
@@ -697,18 +701,6 @@ class _Spawner:
 
     def _failure(self, index: int, detail: str) -> ProvisionError:
         return ProvisionError(f"node {self.specs[index].hostname} did not start: {detail}")
-
-    def _line(self, deadline: float) -> str | None:
-        assert self.popen.stdout is not None
-        fd = self.popen.stdout.fileno()
-        while b"\n" not in self.buffer:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(fd, 65536) if ready else b""
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace")
 
     def close(self) -> None:
         """Let it go: once it has relayed the last report it ends by itself; before that, the
@@ -780,19 +772,29 @@ def prepare_layers(layers: Path, submounts: Sequence[tuple[str, str]]) -> None:
         os.chmod(upper, st.st_mode & 0o7777)
 
 
-def _await_line(popen: subprocess.Popen[bytes], expected: bytes, failure: str, log_path: Path, timeout: float) -> None:
-    """Read the one line a helper prints when it is in place (the real signal)."""
-    assert popen.stdout is not None
-    fd = popen.stdout.fileno()
-    line = b""
-    deadline = time.monotonic() + timeout
-    while not line.endswith(b"\n"):
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(fd, 64) if ready else b""
-        if not chunk:
-            break
-        line += chunk
-    if line.strip() != expected:
+class _Lines:
+    """The lines a helper prints on its stdout (the real signals), each read by a deadline."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdout is not None
+        self.fd = popen.stdout.fileno()
+        self.buffer = b""
+
+    def next(self, deadline: float) -> str | None:
+        """The next line; None at the end of the output or at ``deadline`` (``time.monotonic``)."""
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.fd, 65536) if ready else b""
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+
+def _await_line(popen: subprocess.Popen[bytes], expected: str, failure: str, log_path: Path, timeout: float) -> None:
+    """Read the one line a helper prints when it is in place."""
+    if _Lines(popen).next(time.monotonic() + timeout) != expected:
         raise ProvisionError(f"{failure}: {tail(log_path) or 'no output'}")
 
 
@@ -1136,7 +1138,7 @@ def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Pa
             close_fds=True,
         )
     try:
-        _await_line(popen, b"bound", "the node's packet delayer did not start", log_path, timeout=30.0)
+        _await_line(popen, "bound", "the node's packet delayer did not start", log_path, timeout=30.0)
     except BaseException:
         kill_and_wait([*procs.children(popen.pid), popen.pid])
         popen.wait(5)

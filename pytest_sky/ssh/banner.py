@@ -15,6 +15,9 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
+#: Why an address is in the answer when its time ran out (the other reasons name an error).
+NO_BANNER = "no banner by the deadline"
+
 #: Not listening yet, or its address not up yet: dial again.
 RETRY_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ECONNRESET})
 
@@ -64,7 +67,7 @@ def wait_for_banners(
             key.fileobj.close()  # type: ignore[union-attr]
         sel.close()
     for i in [i for _, _, i in retry] + dialling:
-        failed.setdefault(i, "no banner by the deadline")
+        failed.setdefault(i, NO_BANNER)
     return failed
 
 
