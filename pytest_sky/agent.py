@@ -134,21 +134,30 @@ def _sh_quote(value: str) -> str:
 SETUP_UNSET = ("CUDA_VISIBLE_DEVICES",)
 
 
+def _sh_word(value: str) -> str:
+    """``value`` as one shell word on one line: line breaks as ``$'...'`` escapes."""
+    if "\n" not in value and "\r" not in value:
+        return _sh_quote(value)
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+    return f"$'{escaped}'"
+
+
 def rank_script(script: str, env: dict, cwd: str | None, *, phase: str = "run") -> str:
     """The rank's whole program, in the order of SkyPilot's generated scripts: ``~/.bashrc``
     (so an ``export`` a setup appended there reaches run), then the job's environment over
-    it, the working directory, and the task's script."""
-    lines = ["[ ! -f ~/.bashrc ] || . ~/.bashrc"]
+    it, the working directory, and the task's script.  All that comes before the script is on
+    its first line, so the line bash names in an error ("line 4: ...: Read-only file
+    system") is the task's own line 4."""
+    steps = ["[ ! -f ~/.bashrc ] || . ~/.bashrc"]
     if phase == "setup":
-        lines += [f"unset {key}" for key in SETUP_UNSET if key not in env]
-    lines += [f"export {key}={_sh_quote(str(value))}" for key, value in env.items()]
+        steps += [f"unset {key}" for key in SETUP_UNSET if key not in env]
+    steps += [f"export {key}={_sh_word(str(value))}" for key, value in env.items()]
     if cwd:
-        target = "~/" + _sh_quote(cwd[2:]) if cwd.startswith("~/") else _sh_quote(cwd)
-        lines.append(f'cd {target} 2>/dev/null || cd "$HOME"')
+        target = "~/" + _sh_word(cwd[2:]) if cwd.startswith("~/") else _sh_word(cwd)
+        steps.append(f'{{ cd {target} 2>/dev/null || cd "$HOME"; }}')
     else:
-        lines.append('cd "$HOME"')
-    lines.append(script)
-    return "\n".join(lines) + "\n"
+        steps.append('cd "$HOME"')
+    return "; ".join(steps) + "; " + script + "\n"
 
 
 # ---------------------------------------------------------------------------- head: a run
