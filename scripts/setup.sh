@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything pytest-sky's tests need, on a fresh Debian 12 machine as root. Safe to re-run:
 # it installs only what is missing.
-#   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux
+#   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
+#     scripts call it; nodes see this machine's files)
 #   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package and its test extras
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ fi
 # tool -> Debian package
 declare -A NEED=(
   [sshd]=openssh-server [ssh]=openssh-client [ip]=iproute2 [unshare]=util-linux
-  [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables
+  [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables [sudo]=sudo
 )
 missing=()
 for tool in "${!NEED[@]}"; do
