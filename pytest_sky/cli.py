@@ -136,7 +136,7 @@ def _with_env_options(task, args: argparse.Namespace):
 
 
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
-    """Where a launched cluster runs, and whether its nodes share a directory."""
+    """Where a launched cluster runs, whether its nodes share a directory, what they may do."""
     p.add_argument(
         "--backend",
         choices=BACKEND_NAMES,
@@ -144,6 +144,18 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
     p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
+    p.add_argument(
+        "--cap-add",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="a capability the nodes get beyond a pod's (e.g. NET_ADMIN; repeatable), as in a pod's securityContext",
+    )
+    p.add_argument(
+        "--privileged",
+        action="store_true",
+        help="nodes hold every privilege of this machine's root (a task can change this machine); as a privileged pod",
+    )
 
 
 def _add_env_options(p: argparse.ArgumentParser) -> None:
@@ -169,6 +181,7 @@ def _run_task(cluster, task, detach: bool) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky import settings
+    from pytest_sky.backends.privileges import check_privileges
     from pytest_sky.cluster import bring_up
     from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import StateStore
@@ -207,6 +220,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 settings=chosen,
                 keep=True,
                 shared_dir=args.shared_dir,
+                privileges=check_privileges(args.cap_add, args.privileged),
                 store=store,
             )
         except KeyboardInterrupt:

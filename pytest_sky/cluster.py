@@ -12,12 +12,13 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, lifecycle
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
+from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
@@ -466,6 +467,8 @@ def launch(
     settings: Settings | None = None,
     keep: bool = False,
     shared_dir: str | None = None,
+    capabilities: Sequence[str] = (),
+    privileged: bool = False,
     store: StateStore | None = None,
     run_timeout: float | None = None,
     on_created: Callable[[Cluster], None] | None = None,
@@ -478,6 +481,9 @@ def launch(
     resolved ones) is given; ``backend_options`` go to the backend's constructor on top.
     ``shared_dir`` (e.g. ``/mnt/shared``) is one directory shared by every node at that path,
     for code that expects a shared filesystem; without it nodes share nothing.
+    Nodes hold what a pod of ours would (a container runtime's confinement under Pod Security
+    baseline); ``capabilities=("NET_ADMIN",)`` adds capabilities, ``privileged=True`` lifts
+    the confinement altogether (a task can then change this machine), as on a pod.
     """
     extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
     cluster, task = bring_up(
@@ -489,6 +495,7 @@ def launch(
         backend_options=backend_options,
         keep=keep,
         shared_dir=shared_dir,
+        privileges=check_privileges(capabilities, privileged),
         store=store,
     )
     if on_created is not None:
@@ -513,6 +520,7 @@ def bring_up(
     backend_options: dict | None = None,
     keep: bool = False,
     shared_dir: str | None = None,
+    privileges: Privileges = NONE_ASKED,
     store: StateStore | None = None,
 ) -> tuple[Cluster, Task | None]:
     """The cluster a launch asks for, up; and the task with the node count it will run on.
@@ -527,8 +535,13 @@ def bring_up(
     shared = check_shared_dir(shared_dir)
     be = get_backend(placed.backend, **{**placed.backend_options(), **(backend_options or {})})
     be.plan(name, n, res, shared)  # before touching any state: refuse what can never work
+    if privileges.privileged:
+        console.note(
+            f"{name}'s nodes are privileged: every capability of root, and the host's /dev, /proc/sys "
+            "and /sys; a task can change the machine it runs on"
+        )
     store = store or StateStore()
-    record = lifecycle.provision(be, store, name, n, res, keep=keep, shared_dir=shared)
+    record = lifecycle.provision(be, store, name, n, res, keep=keep, shared_dir=shared, privileges=privileges)
     return Cluster(record, be, store), task
 
 

@@ -1,12 +1,15 @@
-"""Sharing this machine's GPUs between local nodes through ``CUDA_VISIBLE_DEVICES``.
+"""Sharing this machine's GPUs between local nodes, as a device plugin shares a machine's between pods.
 
 Whole requests get whole devices, distinct per node (``A100:2`` on 2 nodes takes 4 devices);
 fractional requests share one (``V100:0.5`` puts two nodes on each device).  A request the
-machine cannot meet is refused before anything is provisioned.
+machine cannot meet is refused before anything is provisioned.  A node sees exactly its own
+devices (:func:`device_files`, in a ``/dev`` of its own), numbered from 0 as a pod given
+them sees them (:func:`node_view`): the host's indices mean nothing inside it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -61,3 +64,41 @@ def visible_from_env() -> list[str] | None:
     if value is None:
         return None
     return [d for d in value.split(",") if d.strip()]
+
+
+#: What the NVIDIA container toolkit gives a container with GPUs, beside their ``/dev/nvidiaN``.
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+@functools.cache
+def _minor_numbers() -> dict[str, str]:
+    """GPU index -> the minor number of its ``/dev/nvidiaN`` (``nvidia-smi``'s own mapping;
+    they usually agree, but need not); empty without nvidia-smi."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,minor_number", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(re.findall(r"^\s*(\d+)\s*,\s*(\d+)\s*$", out, flags=re.MULTILINE))
+
+
+def device_files(share: str) -> list[str]:
+    """The device files of a node given ``share`` (its ``CUDA_VISIBLE_DEVICES`` on this
+    machine): each GPU's ``/dev/nvidiaN`` and the control devices; none without a share."""
+    indices = [i for i in share.split(",") if i.strip()]
+    if not indices:
+        return []
+    minors = _minor_numbers()
+    return [*(f"/dev/nvidia{minors.get(i, i)}" for i in indices), *CONTROL_DEVICES]
+
+
+def node_view(share: str) -> str:
+    """``CUDA_VISIBLE_DEVICES`` inside a node given ``share``: its GPUs are all it has, so
+    they are ``0..k-1`` there, as in a pod given k GPUs; "" without a share."""
+    count = len([i for i in share.split(",") if i.strip()])
+    return ",".join(str(i) for i in range(count))

@@ -20,6 +20,7 @@ import time
 from pytest_sky import bootstrap, console, procs
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, ProvisionConfig
+from pytest_sky.backends.privileges import NONE_ASKED, Privileges
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ProvisionError, SkyError
 from pytest_sky.resources import Resources
@@ -110,6 +111,7 @@ def provision(
     *,
     keep: bool = False,
     shared_dir: str | None = None,
+    privileges: Privileges = NONE_ASKED,
 ) -> ClusterRecord:
     """Claim the name, create the nodes, bootstrap SSH to them and save the record as UP.
 
@@ -131,6 +133,7 @@ def provision(
         journal=journal,
         home_files=bootstrap.home_files(keys),
         shared_dir=shared_dir,
+        privileges=privileges,
     )
     try:
         info = backend.create(config)

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 
 MARKERS = {
-    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, scope='function'): "
-    "the test gets a cluster of that shape as `sky_cluster`; scope='class'/'module'/'session' shares one "
-    "among that scope's tests of the same shape",
+    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, capabilities=None, "
+    "privileged=None, scope='function'): the test gets a cluster of that shape as `sky_cluster`; "
+    "scope='class'/'module'/'session' shares one among that scope's tests of the same shape",
     "kubernetes": "run only with the Kubernetes backend (--kubernetes)",
     "no_kubernetes": "skip with the Kubernetes backend",
     "gpu": "needs a GPU; skipped with a reason where the backend has none",
@@ -416,6 +416,8 @@ def multinode_shape(
     cpus: object = None,
     memory: object = None,
     shared_dir: str | None = None,
+    capabilities: tuple[str, ...] | None = None,
+    privileged: bool | None = None,
     scope: str = "function",
 ) -> MultinodeRequest:
     """The signature of ``@pytest.mark.multinode``: the marker's arguments are bound to it.
@@ -423,7 +425,15 @@ def multinode_shape(
     Python's own binding refuses an unknown keyword or a second positional argument;
     :func:`_marker_shape` only turns its TypeError into a line that says what to write.
     """
-    shape = {"num_nodes": num_nodes, "gpus": gpus, "cpus": cpus, "memory": memory, "shared_dir": shared_dir}
+    shape = {
+        "num_nodes": num_nodes,
+        "gpus": gpus,
+        "cpus": cpus,
+        "memory": memory,
+        "shared_dir": shared_dir,
+        "capabilities": capabilities,
+        "privileged": privileged,
+    }
     return MultinodeRequest({k: v for k, v in shape.items() if v is not None}, scope)
 
 

@@ -7,6 +7,7 @@ import os
 import pytest
 
 import pytest_sky
+from pytest_sky import gpus
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.errors import ResourcesError
 from pytest_sky.gpus import allocate
@@ -50,9 +51,21 @@ def test_refused_before_anything_is_provisioned(monkeypatch, tmp_path):
 
 
 def test_nodes_see_their_share(monkeypatch, tmp_path):
+    """Each node's GPUs are all it has, numbered from 0 as in a pod given them (its /dev holds
+    exactly their device files: :func:`test_a_node_gets_the_device_files_of_its_share_only`)."""
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     name = f"gpu-share-{os.getpid() % 10000}"
-    with pytest_sky.launch(num_nodes=3, name=name, gpus="V100:0.5", backend_options={"devices": ["0", "1"]}) as c:
+    with pytest_sky.launch(num_nodes=3, name=name, gpus="A100:2", backend_options={"devices": list("012345")}) as c:
         res = c.run('echo "$CUDA_VISIBLE_DEVICES $SKYPILOT_NUM_GPUS_PER_NODE"')
-        assert [r.stdout.strip() for r in res.ranks] == ["0 1", "0 1", "1 1"]
-        assert c.resources_label == "3x Local(V100:0.5)"
+        assert [r.stdout.strip() for r in res.ranks] == ["0,1 2", "0,1 2", "0,1 2"]
+        assert c.resources_label == "3x Local(A100:2)"
+
+
+def test_a_node_gets_the_device_files_of_its_share_only(monkeypatch):
+    """A share's ``/dev/nvidiaN`` by nvidia-smi's minor number (which need not be the index),
+    with the control devices; nothing for a node without GPUs."""
+    monkeypatch.setattr(gpus, "_minor_numbers", lambda: {"0": "0", "1": "3", "3": "1"})
+    assert gpus.device_files("1,3") == ["/dev/nvidia3", "/dev/nvidia1", *gpus.CONTROL_DEVICES]
+    assert gpus.device_files("2") == ["/dev/nvidia2", *gpus.CONTROL_DEVICES]  # not listed: its index
+    assert gpus.device_files("") == []
+    assert [gpus.node_view(s) for s in ("4,7", "3", "")] == ["0,1", "0", ""]

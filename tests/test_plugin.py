@@ -194,7 +194,8 @@ def test_markers_are_registered(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     assert result.ret == 0
     for line in [
-        "@pytest.mark.multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, scope=*):*",
+        "@pytest.mark.multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, capabilities=None,"
+        " privileged=None, scope=*):*",
         "@pytest.mark.kubernetes:*--kubernetes*",
         "@pytest.mark.no_kubernetes:*",
         "@pytest.mark.gpu:*",
@@ -488,6 +489,11 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
                 sky_cluster.run('[ "$SKYPILOT_NODE_RANK" != 1 ] || echo from-worker > /mnt/team/f')
                 assert [r.stdout for r in sky_cluster.run("cat /mnt/team/f").ranks] == ["from-worker\\n"] * 2
 
+            @pytest.mark.multinode(num_nodes=2, capabilities=("NET_ADMIN",))
+            def test_capabilities(sky_cluster):
+                res = sky_cluster.run("ip link set lo mtu 1500 && cat /sys/class/net/lo/mtu")
+                assert [r.stdout for r in res.ranks] == ["1500\\n"] * 2, res.output
+
             @pytest.mark.multinode(nodes=3)
             def test_unknown_argument(sky_cluster):
                 pass
@@ -499,10 +505,10 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
         )
     )
     result = pytester.runpytest_subprocess()
-    result.assert_outcomes(passed=3, errors=2)
+    result.assert_outcomes(passed=4, errors=2)
     assert report_block(result, "ERROR at setup of test_unknown_argument") == [
         "pytest-sky: multinode() got unknown argument(s) nodes; "
-        "allowed: cpus, gpus, memory, num_nodes, scope, shared_dir"
+        "allowed: capabilities, cpus, gpus, memory, num_nodes, privileged, scope, shared_dir"
     ]
     block = report_block(result, "ERROR at setup of test_zero_nodes")
     assert any(line.startswith("pytest-sky: ") and "num_nodes" in line for line in block), block

@@ -443,9 +443,10 @@ def test_envs_and_task_name_arrive_literally(pair: Pair) -> None:
 
 
 def test_a_root_task_cannot_route_through_a_forwarding_host_to_another_cluster(tmp_path: Path) -> None:
-    """A task is root in its node: it may add a default route via its bridge.  On a host that
-    forwards IPv4 (Docker and VPN hosts do), the host would then route it to other clusters
-    and beyond; our bridges refuse to forward, so it reaches nothing outside its cluster.
+    """A task given NET_ADMIN (as a pod can be) may add a default route via its bridge.  On a
+    host that forwards IPv4 (Docker and VPN hosts do), the host would then route it to other
+    clusters and beyond; our bridges refuse to forward, so it reaches nothing outside its
+    cluster.
 
     The host's ``ip_forward`` is set to 1 for this test (before the clusters exist, as on such
     a host) and restored after it."""
@@ -457,8 +458,8 @@ def test_a_root_task_cannot_route_through_a_forwarding_host_to_another_cluster(t
         mp.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
         try:
             flag.write_text("1")
-            a = pytest_sky.launch(num_nodes=2, name=f"fwda-{tag}")
-            b = pytest_sky.launch(num_nodes=1, name=f"fwdb-{tag}")
+            a = pytest_sky.launch(num_nodes=2, name=f"fwda-{tag}", capabilities=("NET_ADMIN",))
+            b = pytest_sky.launch(num_nodes=1, name=f"fwdb-{tag}", capabilities=("NET_ADMIN",))
             gw_a, gw_b = a.node_ips[0].rsplit(".", 1)[0] + ".1", b.node_ips[0].rsplit(".", 1)[0] + ".1"
             assert b.run(f"ip route add default via {gw_b}").returncode == 0
             probe = (

@@ -65,8 +65,9 @@ def test_a_skypilot_env_check_task_runs_unmodified(gpu_cluster, tmp_path: Path):
     assert task.resources.infra == "aws"
     res = gpu_cluster.run(task)
     assert res.returncode == 0, res.output
-    # Run sees each node's GPU share; the task's envs win over what ~/.bashrc exports.
-    assert [r.stdout.strip() for r in res.ranks] == ["rank=0 gpu=0 from_task=task", "rank=1 gpu=1 from_task=task"]
+    # Run sees each node's GPU share (its own GPU, numbered 0 there, as in a pod); the task's
+    # envs win over what ~/.bashrc exports.
+    assert [r.stdout.strip() for r in res.ranks] == ["rank=0 gpu=0 from_task=task", "rank=1 gpu=0 from_task=task"]
 
 
 def test_a_task_naming_another_cloud_launches_here_with_a_note(home: Path, capfd: pytest.CaptureFixture[str]):
@@ -82,7 +83,7 @@ def test_a_task_naming_another_cloud_launches_here_with_a_note(home: Path, capfd
 def test_setup_has_no_gpu_variable_unless_the_task_sets_it(gpu_cluster):
     probe = 'echo "${CUDA_VISIBLE_DEVICES-unset}"'
     res = gpu_cluster.run(Task(setup=probe, run=probe, num_nodes=2))
-    assert [r.stdout.split() for r in res.ranks] == [["unset", "0"], ["unset", "1"]], res.output
+    assert [r.stdout.split() for r in res.ranks] == [["unset", "0"], ["unset", "0"]], res.output
     res = gpu_cluster.run(Task(setup=probe, run="true", num_nodes=2, envs={"CUDA_VISIBLE_DEVICES": "7"}))
     assert [r.stdout.split() for r in res.ranks] == [["7"], ["7"]], res.output
 

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_sky.backends.privileges import NONE_ASKED, Privileges
 from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import NotSupportedError
 from pytest_sky.resources import Resources
@@ -37,6 +38,8 @@ class ProvisionConfig:
     #: Where one directory shared by every node appears on each (opt-in, as NFS would);
     #: None: nodes share nothing.
     shared_dir: str | None = None
+    #: More than a pod's privileges, asked for on purpose (``capabilities=``, ``privileged=``).
+    privileges: Privileges = NONE_ASKED
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_sky import naming
+from pytest_sky.backends import privileges
 from pytest_sky.backends.kube_policy import GpuSelector, node_affinity
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_KUBE_IMAGE
@@ -43,24 +44,9 @@ SSHD_CONFIG_KEY = "sshd_config"
 #: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
 SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", "agent.pyz", SSHD_CONFIG_KEY)
 HOST_KEY_PREFIX = "host_key_"
-#: What sshd and the image's package manager need of root, and no more: privilege separation
-#: chroots (SYS_CHROOT) and drops to its user (SETUID, SETGID), port 22 (NET_BIND_SERVICE),
-#: login records (AUDIT_WRITE, fatal without it in sshd built with Linux audit), and apt/dpkg
-#: at start-up own and chmod files of other users (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL).
-#: Every one is in PodSecurity "baseline"'s allowed list; naming them also gives sshd
-#: SYS_CHROOT and AUDIT_WRITE where the runtime's default set lacks them (CRI-O).
-CAPABILITIES = (
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "NET_BIND_SERVICE",
-    "SETGID",
-    "SETUID",
-    "SYS_CHROOT",
-)
+#: What the node container holds of root (``privileges`` says why each): every node's, local
+#: ones included.
+CAPABILITIES = privileges.POD_CAPABILITIES
 
 #: How long a pod without sshd may spend installing it (apt-get update and install, or apk,
 #: or dnf) before it gives up: with egress that takes seconds; without, apt would wait out its
@@ -246,16 +232,9 @@ def secret_volume(cluster: str, rank: int, keys: Iterable[str] | None = None) ->
     return {"name": "ssh-keys", "secret": {"secretName": secret_name(cluster), "defaultMode": 0o400, "items": items}}
 
 
-def security_context() -> dict:
-    """Passes PodSecurity "baseline", not "restricted": sshd runs as root (it logs in as root
-    and its privilege separation chroots and changes user), which "restricted" forbids."""
-    return {
-        "runAsUser": 0,
-        "privileged": False,
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"], "add": list(CAPABILITIES)},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def security_context(asked: privileges.Privileges = privileges.NONE_ASKED) -> dict:
+    """The node container's: passes PodSecurity "baseline" unless the launch asked for more."""
+    return privileges.container_security_context(asked)
 
 
 @dataclass(frozen=True)
@@ -298,6 +277,7 @@ def pod(
     placement: Placement | None = None,
     *,
     launch: str,
+    asked: privileges.Privileges = privileges.NONE_ASKED,
 ) -> dict:
     """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`)."""
     placement = placement or Placement()
@@ -307,6 +287,7 @@ def pod(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
         "enableServiceLinks": False,
+        "securityContext": privileges.pod_security_context(),
         "affinity": spread(cluster, launch),
         "containers": [
             {
@@ -317,7 +298,7 @@ def pod(
                 "env": [{"name": "PSKY_RANK", "value": str(rank)}],
                 "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
                 "resources": container_resources(resources, placement.with_limits),
-                "securityContext": security_context(),
+                "securityContext": security_context(asked),
                 "volumeMounts": [{"name": "ssh-keys", "mountPath": SECRET_MOUNT, "readOnly": True}],
             }
         ],

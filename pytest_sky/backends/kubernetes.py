@@ -26,6 +26,7 @@ from pytest_sky import console, naming
 from pytest_sky.backends import kube_manifests as manifests
 from pytest_sky.backends import kube_policy
 from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, ProvisionConfig
+from pytest_sky.backends.privileges import NONE_ASKED, Privileges
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
 from pytest_sky.resources import Resources
@@ -88,9 +89,10 @@ def _needs_limits(exc: Exception) -> bool:
     return pattern is not None and pattern.search(_api_message(exc)) is not None
 
 
-def _policy_rejection(exc: Exception, namespace: str) -> str | None:
+def _policy_rejection(exc: Exception, namespace: str, asked: Privileges = NONE_ASKED) -> str | None:
     """A pod refused by the namespace's policies rather than by RBAC: the policy named, in one
-    line with its fix; None for any other refusal.
+    line with its fix; None for any other refusal.  ``asked``: what the launch asked for
+    beyond a pod's own privileges, which Pod Security may be refusing.
 
     The API server answers 403 Forbidden for ResourceQuota, LimitRange and PodSecurity alike
     (``pods "x" is forbidden: ...``); only the message tells them apart from a missing RBAC
@@ -109,6 +111,12 @@ def _policy_rejection(exc: Exception, namespace: str) -> str | None:
         return f"the ResourceQuota of {where} refuses the pods ({detail}): ask its admin which requests it needs"
     if status == 403 and "violates PodSecurity" in message:
         level = re.search(r'PodSecurity "([^"]+)"', message)
+        if asked:
+            return (
+                f"{where} enforces PodSecurity {level.group(1) if level else ''}, which refuses the "
+                f"{asked.describe()} the launch asked for ({detail}): launch without them, or use a namespace "
+                "labelled pod-security.kubernetes.io/enforce=privileged (--kube-namespace)"
+            )
         return (
             f"{where} enforces PodSecurity {level.group(1) if level else ''}, which the pods' sshd cannot meet "
             f"({detail}): use a namespace labelled pod-security.kubernetes.io/enforce=baseline (--kube-namespace)"
@@ -355,15 +363,16 @@ class KubernetesBackend(Backend):
                         secret_keys=files,
                         placement=p,
                         launch=launch,
+                        asked=config.privileges,
                     ),
                     placement,
                 )
                 specs.append(spec)
             config.journal.update(pod_specs=specs)  # what restart_node sends again, as it was accepted
         except ApiException as exc:
-            raise self._refusal(exc, ref) from None
+            raise self._refusal(exc, ref, config.privileges) from None
 
-    def _refusal(self, exc: Any, ref: ObjectRef) -> ProvisionError:
+    def _refusal(self, exc: Any, ref: ObjectRef, asked: Privileges) -> ProvisionError:
         """The one line for the API server's refusal to create one of the cluster's objects:
         a name taken by an object that is not ours (409), a namespace policy, RBAC, the rest."""
         where = f"namespace {self.namespace!r} of kube context {self.context!r}"
@@ -372,7 +381,7 @@ class KubernetesBackend(Backend):
                 f"a {ref.kind} named {ref.name!r} already exists in {where} and is not this launch's "
                 f"(left untouched): pick another cluster name (-c NAME), or delete that {ref.kind} if it is yours"
             )
-        policy = _policy_rejection(exc, self.namespace)
+        policy = _policy_rejection(exc, self.namespace, asked)
         if policy is not None:
             return ProvisionError(policy)
         if exc.status == 403:

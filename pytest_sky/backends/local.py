@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
-from pytest_sky.backends import netns
+from pytest_sky.backends import netns, privileges
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import ProvisionError, ResourcesError
@@ -158,7 +158,7 @@ class LocalBackend(Backend):
                 cloud=self.name,
                 region=self.name,
             )
-            specs = self._write_node_dirs(config, info, index)
+            specs = self._write_node_dirs(config, info, index, shares)
             if config.shared_dir:  # one directory of the cluster's, the same on every node
                 shared = config.cluster_dir / "shared"
                 shared.mkdir(mode=0o755, exist_ok=True)
@@ -193,7 +193,7 @@ class LocalBackend(Backend):
             hostname=naming.node_hostname(cluster, rank),
             ip=ip,
             route=SshRoute(hostname=ip),
-            env={"CUDA_VISIBLE_DEVICES": shares[rank]} if shares else {},
+            env={"CUDA_VISIBLE_DEVICES": gpus.node_view(shares[rank])} if shares else {},
         )
 
     def put_files(self, name: str, journal: Journal, info: ClusterInfo, files: HomeFiles) -> None:
@@ -378,7 +378,9 @@ class LocalBackend(Backend):
             "198.18.0.0/15 with `ip link` and `ip route show table all`)"
         )
 
-    def _write_node_dirs(self, config: ProvisionConfig, info: ClusterInfo, index: int) -> list[netns.NodeSpec]:
+    def _write_node_dirs(
+        self, config: ProvisionConfig, info: ClusterInfo, index: int, shares: list[str]
+    ) -> list[netns.NodeSpec]:
         hosts = hosts_file(list(info.nodes))
         path_env = info.env["PATH"]
         specs = []
@@ -409,6 +411,10 @@ class LocalBackend(Backend):
                     # A machine of its own: its writes stay on it, and it sees no state of ours.
                     layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
                     hide=[config.cluster_dir.parent.parent] if self.private_root else [],
+                    # What its pod would hold on Kubernetes, and exactly its GPUs.
+                    confinement=privileges.for_node(
+                        config.privileges, gpus.device_files(shares[node.rank] if shares else "")
+                    ),
                 )
             )
         return specs

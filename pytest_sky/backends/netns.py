@@ -1,6 +1,6 @@
 """Namespace nodes: the primitive under the local backend (and the emulator's kubelet).
 
-A node is one process tree in fresh network, UTS, mount, PID and cgroup namespaces, with
+A node is one process tree in fresh network, UTS, IPC, mount, PID and cgroup namespaces, with
 OpenSSH ``sshd -D`` as its first process, one veth into a per-cluster bridge, a private
 ``/run`` and bind-mounted ``/etc/passwd`` and ``/etc/hosts``.  ``nodeinit.py`` starts a
 launch's nodes (one process forks them all and each makes its namespaces, mounts and link
@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_sky import naming, procs
+from pytest_sky.backends import privileges
+from pytest_sky.backends.confine import Confinement
 from pytest_sky.backends.nodeinit import NodePlan
 from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
 from pytest_sky.ssh import sshd as sshd_config
@@ -90,13 +92,16 @@ class NodeSpec:
     #: ``/`` (and over each of its other mounts), so that what the node writes anywhere is
     #: seen by it alone and goes with ``layers``.  None: the node shares the host's files.
     layers: Path | None = None
-    #: Host directories the node must not see (the state directory, with every cluster's
-    #: keys and every node's layers): each is an empty directory on the node.  The node's
-    #: own ``root`` stays visible at its path.
+    #: Host paths the node must not see (the state directory, with every cluster's keys and
+    #: every node's layers; what an emulated pod's image lacks): a directory is empty on the
+    #: node, a file is removed in its own layer.  The node's own ``root`` stays visible.
     hide: list[Path] = field(default_factory=list)
     #: Host directory -> node path, read-write: what the node shares with others on purpose
     #: (a cluster's shared directory, a pod's volume).  Only with ``layers``.
     shared_mounts: dict[str, str] = field(default_factory=dict)
+    #: What the node's processes hold: a pod's privileges unless asked otherwise
+    #: (``privileges``).
+    confinement: Confinement = field(default_factory=privileges.for_node)
 
 
 @dataclass
@@ -628,6 +633,7 @@ def _node_plans(
             bridge_index=bridge_index,
             link_group=group,
             alias=str(spec.root),
+            confinement=spec.confinement,
         )
         if spec.layers is not None:
             hidden = tuple(spec.hide)
@@ -944,6 +950,7 @@ def spec_to_json(spec: NodeSpec) -> dict:
         "layers": str(spec.layers) if spec.layers is not None else None,
         "hide": [str(h) for h in spec.hide],
         "shared_mounts": dict(spec.shared_mounts),
+        "confinement": dataclasses.asdict(spec.confinement),
     }
 
 
@@ -960,6 +967,7 @@ def spec_from_json(data: dict) -> NodeSpec:
         layers=Path(data["layers"]) if data.get("layers") else None,
         hide=[Path(h) for h in data.get("hide", [])],
         shared_mounts=dict(data.get("shared_mounts") or {}),
+        confinement=Confinement(**data["confinement"]) if "confinement" in data else privileges.for_node(),
     )
 
 

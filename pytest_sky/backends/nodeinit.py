@@ -11,10 +11,12 @@ of a program's start.
 Each node is two processes, as ``unshare --fork`` makes them: the *keeper* (outside the
 node's PID namespace, inside its network namespace) waits for the node's first process,
 writes its exit code and dies with it; the *init* (pid 1 inside) mounts, makes the node's
-veth (every node its own, at once: no host step in between), configures it and becomes
-sshd, and is killed (``PR_SET_PDEATHSIG``) if its keeper dies.  Every keeper carries this
-program's command line, so the host finds the nodes of a dead run by their directories
-(``netns.node_processes``).
+veth (every node its own, at once: no host step in between), configures it, confines itself
+as a container runtime confines a pod (its own ``/dev`` and IPC namespace, ``/proc`` and
+``/sys`` read-only where a runtime makes them so, the capabilities ``privileges`` chose, via
+``confine``) and becomes sshd, and is killed (``PR_SET_PDEATHSIG``) if its keeper dies.
+Every keeper carries this program's command line, so the host finds the nodes of a dead run
+by their directories (``netns.node_processes``).
 
 The protocol, in lines on this program's stdin and stdout::
 
@@ -41,19 +43,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 try:
-    from pytest_sky.backends import netlink
+    from pytest_sky.backends import confine, netlink
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import confine
     import netlink
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 32, 1024, 2048
-MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 4096, 16384, 1 << 18, 1 << 21
+MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
 ST_RELATIME = 4096  # statvfs's bit for relatime (the other per-mount bits match MS_*)
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
@@ -83,7 +87,7 @@ class NodePlan:
     cgroup_mode: str = ""  # cgroup2 at /sys/fs/cgroup: "rw", "ro" or "" (not mounted)
     layers: str = ""  # the node's layers directory ("": it shares the host's files)
     submounts: list[tuple[int, str, str]] = field(default_factory=list)  # (layer, "rw"|"ro", path)
-    hide: list[str] = field(default_factory=list)
+    hide: list[str] = field(default_factory=list)  # absent on the node: directories covered, files removed
     node_home: str = ""
     extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
     shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
@@ -92,6 +96,12 @@ class NodePlan:
     bridge_index: int = 0  # the bridge the host's end goes on
     link_group: int = 0  # the cluster's link group (0: none): one deletion removes them all
     alias: str = ""  # the host's end's ifalias: the node's directory, for `pytest-sky doctor`
+    #: What its processes hold (a pod's, by default: ``privileges`` decides it).
+    confinement: confine.Confinement = field(default_factory=confine.Confinement)
+
+    @classmethod
+    def from_json(cls, data: dict) -> NodePlan:
+        return cls(**{**data, "confinement": confine.Confinement(**data["confinement"])})
 
 
 class NodeInitError(Exception):
@@ -166,14 +176,16 @@ def _layer_root(plan: NodePlan, root: str) -> None:
 
 
 def _private_root(plan: NodePlan, root: str) -> None:
-    """The layers, then what a machine has of its own: devices, /proc, hidden state, home."""
+    """The layers, then what a machine has of its own: devices, /proc, hidden paths, home."""
     _layer_root(plan, root)
-    bind("/dev", f"{root}/dev", recursive=True)
-    mount("psky-shm", f"{root}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _devices(plan.confinement, root)
     mount("psky-proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for hidden in plan.hide:
-        if os.path.isdir(root + hidden):  # not there (under the node's own /dev/shm): hidden already
-            mount("psky-hidden", root + hidden, "tmpfs", 0, "mode=700,size=1m")
+        target = root + hidden
+        if os.path.isdir(target) and not os.path.islink(target):
+            mount("psky-hidden", target, "tmpfs", 0, "mode=755,size=1m")
+        elif os.path.lexists(target):  # a file: removed in the node's own layer (a whiteout there)
+            os.unlink(target)
     # Every node's home is at the same path, as on a real cluster (mpirun starts remote ranks
     # in the head's working directory): the node's own home directory, at NODE_HOME.
     node_dir, home = plan.root, plan.node_home
@@ -181,6 +193,61 @@ def _private_root(plan: NodePlan, root: str) -> None:
     os.makedirs(root + home, exist_ok=True)
     bind(node_dir, root + node_dir)
     bind(f"{node_dir}/home", root + home)
+
+
+#: What a runtime's /dev links to, besides its device files and its pts, shm and mqueue.
+DEV_LINKS = (
+    ("ptmx", "pts/ptmx"),
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+)
+
+
+def _devices(confinement: confine.Confinement, root: str) -> None:
+    """The node's ``/dev``: a tmpfs of its own with only the devices it is given (made like
+    the host's: same type, numbers, mode and owner), a pts instance, shm and mqueue of its
+    own, as a container runtime makes it; or, privileged, the host's."""
+    dev = f"{root}/dev"
+    if confinement.privileged:
+        if root:  # without a root of its own the node already sees the host's
+            bind("/dev", dev, recursive=True)
+    else:
+        found = []  # looked at before the tmpfs covers them (it does, without a root of its own)
+        for device in confinement.devices:
+            with contextlib.suppress(FileNotFoundError):  # this machine has none: neither has the node
+                found.append((device, os.stat(device)))
+        mount("psky-dev", dev, "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k")
+        for device, st in found:
+            target = root + device
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.mknod(target, st.st_mode, st.st_rdev)
+            os.chown(target, st.st_uid, st.st_gid)
+            os.chmod(target, st.st_mode & 0o7777)
+        for name, points_to in DEV_LINKS:
+            os.symlink(points_to, f"{dev}/{name}")
+        os.mkdir(f"{dev}/pts")
+        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
+        os.mkdir(f"{dev}/mqueue")
+        mount("mqueue", f"{dev}/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.mkdir(f"{dev}/shm")
+    mount("psky-shm", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+
+
+def _restrict(confinement: confine.Confinement, root: str) -> None:
+    """What a runtime withholds in ``/proc`` and ``/sys``: read-only paths bound onto
+    themselves read-only, masked ones covered (a directory by an empty read-only tmpfs, a
+    file by ``/dev/null``).  Paths this kernel lacks are skipped, as runtimes skip them."""
+    for path in confinement.readonly_paths:
+        if os.path.exists(root + path):
+            bind(root + path, root + path, readonly=True, recursive=True)
+    for path in confinement.masked_paths:
+        target = root + path
+        if os.path.isdir(target):
+            mount("psky-masked", target, "tmpfs", MS_RDONLY, "size=0")
+        elif os.path.exists(target):
+            bind(f"{root}/dev/null", target)
 
 
 def _resolver(plan: NodePlan, root: str) -> None:
@@ -203,9 +270,11 @@ def _mounts(plan: NodePlan) -> None:
     if root:
         _private_root(plan, root)
     else:
+        _devices(plan.confinement, root)
         mount("psky-proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's
     mount("psky-run", f"{root}/run", "tmpfs", 0, "mode=755,size=64m")
-    mount("psky-sys", f"{root}/sys", "sysfs")
+    readonly = 0 if plan.confinement.privileged else MS_RDONLY
+    mount("psky-sys", f"{root}/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | readonly)
     if plan.cgroup_mode:
         flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | (MS_RDONLY if plan.cgroup_mode == "ro" else 0)
         mount("psky-cgroup", f"{root}/sys/fs/cgroup", "cgroup2", flags)
@@ -319,10 +388,15 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
         host_sock.close()
         os.close(host_netns)
         _network(plan, own)
-    if plan.layers:
-        _pivot(f"{plan.layers}/merged")
+    confine.set_sysctls(plan.confinement.sysctls)  # the node's own namespaces' (still writable)
+    root = f"{plan.layers}/merged" if plan.layers else ""
+    if not plan.confinement.privileged:
+        _restrict(plan.confinement, root)
+    if root:
+        _pivot(root)
     _say(f"configured {index}")
     os.close(KEEPER_UP)
+    confine.drop_privileges(plan.confinement)
     env = {"PATH": plan.path, **plan.env}
     if plan.command:
         os.execve("/bin/sh", ["/bin/sh", "-c", "exec " + plan.command], env)
@@ -347,7 +421,7 @@ def _keeper(index: int, plan: NodePlan, up: int) -> None:
     if plan.cgroup_dir:  # entered before unshare, so the namespace's root is this cgroup
         with open(f"{plan.cgroup_dir}/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
-    flags = CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWPID
+    flags = CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
     _check(_libc.unshare(flags | (CLONE_NEWCGROUP if plan.cgroup_dir else 0)), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     init = os.fork()
@@ -430,7 +504,7 @@ def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
 
 
 def main() -> None:
-    plans = [NodePlan(**plan) for plan in json.loads(sys.stdin.buffer.readline())["nodes"]]
+    plans = [NodePlan.from_json(plan) for plan in json.loads(sys.stdin.buffer.readline())["nodes"]]
     _relay(*_start(plans))
     sys.stdout.flush()
     os._exit(0)  # at once: the host waits for this exit, while 64 sshds want the CPU

@@ -44,6 +44,19 @@ BASELINE_CAPABILITIES = {
     "SETUID",
     "SYS_CHROOT",
 }
+#: The sysctls Pod Security "baseline" lets a pod set (the kubelet's "safe" set, namespaced).
+BASELINE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
 RESTRICTED_VOLUMES = {
     "configMap",
     "csi",
@@ -227,6 +240,9 @@ def baseline_violations(spec: Obj, containers: list[Obj]) -> list[tuple[str, str
     if unmasked:
         out.append(("procMount", f'procMount ({_who(unmasked)} must not set securityContext.procMount to "Unmasked")'))
     pod_sc = spec.get("securityContext") or {}
+    forbidden = [s.get("name", "") for s in pod_sc.get("sysctls") or [] if s.get("name") not in BASELINE_SYSCTLS]
+    if forbidden:
+        out.append(("sysctls", f"forbidden sysctls ({', '.join(forbidden)})"))
     if (pod_sc.get("seccompProfile") or {}).get("type") == "Unconfined":
         out.append(
             (

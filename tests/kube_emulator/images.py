@@ -2,10 +2,11 @@
 
 A pod's root is already a copy-on-write layer over this machine's ``/`` (``kubelet.py``), so
 an image is modelled by what it does *not* have: named paths of this machine that are absent
-in the pod.  Files are removed in the pod's own layer (overlayfs records a whiteout there;
-the host's file is untouched); directories are covered by an empty tmpfs.  Both happen in
-the pod's mount namespace, after its root is assembled and before the container's command
-runs, so the command, every exec and every ssh session see the same image.
+in the pod.  The pod's node hides them as it hides the emulator's own state (``NodeSpec.hide``):
+files are removed in the pod's own layer (overlayfs records a whiteout there; the host's
+file is untouched), directories are covered by an empty tmpfs.  Both happen in the pod's
+mount namespace while its init assembles its root, before the container's command runs, so
+the command, every exec and every ssh session see the same image.
 
 The catalogue (what a registry would have):
 
@@ -73,28 +74,6 @@ class ImageView:
             if found and not self.hides(found) and not self.hides(os.path.realpath(found)):
                 return found
         return None
-
-    def prelude(self) -> str:
-        """Shell run first in the pod (its root assembled, before the container's command):
-        remove the absent files in the pod's own layer, cover the absent directories.
-
-        It refuses to run unless ``/`` is the pod's private overlay: removing a file of a
-        root shared with the host would remove the host's.
-        """
-        if not self.absent_files and not self.absent_dirs:
-            return ""
-        files = " ".join(_quote(f) for f in self.absent_files)
-        dirs = " ".join(_quote(d) for d in self.absent_dirs)
-        return (
-            'awk \'$2 == "/" && $3 == "overlay" { ok = 1 } END { exit !ok }\' /proc/self/mounts || '
-            '{ echo "kube emulator: the pod\'s root is not its own overlay; image not modelled" >&2; exit 125; }\n'
-            f"rm -f -- {files} || exit 125\n"
-            f'for d in {dirs}; do [ ! -d "$d" ] || mount -t tmpfs -o mode=755 psky-image "$d" || exit 125; done\n'
-        )
-
-
-def _quote(path: str) -> str:
-    return "'" + path.replace("'", "'\\''") + "'"
 
 
 def repository(image: str) -> str:

@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sky import procs
-from pytest_sky.backends import netns
+from pytest_sky.backends import netns, privileges
+from pytest_sky.backends.confine import Confinement
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
-from tests.kube_emulator import admission, dns, images
+from tests.kube_emulator import dns, images
 
 if TYPE_CHECKING:
     from tests.kube_emulator.cluster import Cluster
@@ -114,6 +115,8 @@ class PodRuntime:
     container_id: str = ""
     started_at: str = ""
     view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
+    #: What the container's processes hold (its securityContext's), exec sessions too.
+    confinement: Confinement = field(default_factory=privileges.for_node)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -594,11 +597,11 @@ class Kubelet:
             command = ["/bin/sh", "-c", "echo 'kube emulator: injected crash' >&2; exit 1"]
         rt.workdir = container.get("workingDir") or "/"
         rt.env = self._container_env(rt, pod, container)
+        # What a runtime makes of the pod's securityContexts, carried out by the node's init
+        # as for a local node (one definition, ``privileges``).
+        rt.confinement = privileges.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
         # The node inherits the emulator's cwd; a container starts in its workingDir.
-        # The capabilities apply to the container's command, after the view of its image is
-        # assembled (which mounts).
-        command = with_security_context(command, container)
-        command = ["/bin/sh", "-c", rt.view.prelude() + 'cd -- "$0" && exec "$@"', rt.workdir, *command]
+        command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
         return netns.NodeSpec(
             hostname=rt.hostname,
@@ -610,10 +613,12 @@ class Kubelet:
             command=command,
             env=rt.env,
             cgroup_mode="ro",  # a pod's cgroupfs is read-only, as containerd mounts it
-            # The container's own writable layer over the "image" (this machine's files), and
-            # none of the emulator's state (other pods' files, their Secrets) in sight.
+            # The container's own writable layer over the "image" (this machine's files, less
+            # what the image lacks), and none of the emulator's state (other pods' files,
+            # their Secrets) in sight.
             layers=rt.root / "layers",
-            hide=[self.instance_dir],
+            hide=[self.instance_dir, *map(Path, rt.view.absent_dirs), *map(Path, rt.view.absent_files)],
+            confinement=rt.confinement,
         )
 
     async def _run_once(self, rt: PodRuntime, container: dict[str, Any], mounts: Volumes, first: bool) -> int | None:
@@ -847,7 +852,9 @@ class Kubelet:
             "--uts",
             "--mount",
             "--pid",
+            "--ipc",
             "--",
+            *exec_privileges(rt.confinement),
             # Not nsenter's --wd: it opens the directory before entering the mount namespace,
             # which leaves the command in the emulator's tree instead of the pod's own root.
             "/bin/sh",
@@ -935,40 +942,16 @@ class Kubelet:
         return root / ("node.log.previous" if previous else "node.log")
 
 
-#: What a container gets without a securityContext: containerd's (and Docker's) default set,
-#: which is what Pod Security "baseline" lets a pod add, plus NET_RAW.
-RUNTIME_DEFAULT_CAPABILITIES = tuple(sorted(admission.BASELINE_CAPABILITIES | {"NET_RAW"}))
-
-
-def container_capabilities(container: dict[str, Any]) -> list[str] | None:
-    """The capabilities a runtime gives ``container``: its default set, less ``drop``, plus
-    ``add`` (``ALL`` in either); None for every one (``privileged``, or ``add: [ALL]``)."""
-    sc = container.get("securityContext") or {}
-    caps = sc.get("capabilities") or {}
-
-    def names(key: str) -> set[str]:
-        return {str(c).upper().removeprefix("CAP_") for c in caps.get(key) or []}
-
-    if sc.get("privileged") or "ALL" in names("add"):
-        return None
-    drop = names("drop")
-    have = set() if "ALL" in drop else set(RUNTIME_DEFAULT_CAPABILITIES) - drop
-    return sorted(have | names("add"))
-
-
-def with_security_context(command: list[str], container: dict[str, Any]) -> list[str]:
-    """``command`` under the container's capabilities (its bounding set: root keeps only
-    these across exec) and ``allowPrivilegeEscalation: false`` (no_new_privs), as a runtime
-    starts it: an emulated pod may not do what a real one could not.  (Exec sessions get
-    the emulator's own set.)"""
-    setpriv = shutil.which("setpriv")
-    caps = container_capabilities(container)
-    if setpriv is None or caps is None:
-        return command
-    argv = [setpriv, "--bounding-set", ",".join(["-all", *(f"+{c.lower()}" for c in caps)]), "--inh-caps", "-all"]
-    if (container.get("securityContext") or {}).get("allowPrivilegeEscalation") is False:
-        argv.append("--no-new-privs")
-    return [*argv, "--", *command]
+def exec_privileges(confinement: Confinement) -> list[str]:
+    """``setpriv`` arguments that give an exec session what the container's own processes
+    hold (its bounding set, no inheritable or ambient capabilities, no_new_privs), as a
+    runtime execs into a container: an exec may not do what the container could not."""
+    if confinement.privileged:
+        return []
+    caps = ",".join(["-all", *(f"+{c.lower()}" for c in confinement.capabilities)])
+    setpriv = shutil.which("setpriv") or "setpriv"
+    argv = [setpriv, "--bounding-set", caps, "--inh-caps", "-all", "--ambient-caps", "-all"]
+    return [*argv, "--no-new-privs", "--"] if confinement.no_new_privs else [*argv, "--"]
 
 
 def _set_ips(pod: dict[str, Any], ip: str | None, host_ip: str) -> None:

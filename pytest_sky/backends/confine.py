@@ -1,0 +1,126 @@
+"""A node's confinement, as its init applies it: capabilities, no_new_privs, namespaced sysctls.
+
+Standard library only, importing nothing of pytest-sky: ``nodeinit`` (a node's start) runs as
+a program of its own and imports this file from its directory; in the package it is
+``pytest_sky.backends.confine``.  What a node is given is decided elsewhere
+(``privileges``, from a pod's securityContext); this module only carries it out, with the
+system calls a container runtime makes after the container's mounts and before it execs
+the container's first process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+#: The kernel's capability numbers (``include/uapi/linux/capability.h``), by the names a
+#: securityContext uses.
+CAPABILITY_BITS = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "DAC_READ_SEARCH": 2,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+    "SETPCAP": 8,
+    "LINUX_IMMUTABLE": 9,
+    "NET_BIND_SERVICE": 10,
+    "NET_BROADCAST": 11,
+    "NET_ADMIN": 12,
+    "NET_RAW": 13,
+    "IPC_LOCK": 14,
+    "IPC_OWNER": 15,
+    "SYS_MODULE": 16,
+    "SYS_RAWIO": 17,
+    "SYS_CHROOT": 18,
+    "SYS_PTRACE": 19,
+    "SYS_PACCT": 20,
+    "SYS_ADMIN": 21,
+    "SYS_BOOT": 22,
+    "SYS_NICE": 23,
+    "SYS_RESOURCE": 24,
+    "SYS_TIME": 25,
+    "SYS_TTY_CONFIG": 26,
+    "MKNOD": 27,
+    "LEASE": 28,
+    "AUDIT_WRITE": 29,
+    "AUDIT_CONTROL": 30,
+    "SETFCAP": 31,
+    "MAC_OVERRIDE": 32,
+    "MAC_ADMIN": 33,
+    "SYSLOG": 34,
+    "WAKE_ALARM": 35,
+    "BLOCK_SUSPEND": 36,
+    "AUDIT_READ": 37,
+    "PERFMON": 38,
+    "BPF": 39,
+    "CHECKPOINT_RESTORE": 40,
+}
+
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+@dataclass
+class Confinement:
+    """What a node's processes hold, in the terms a runtime's spec uses (sent as JSON).
+
+    ``privileged``: every capability root has, the host's ``/dev``, ``/sys`` and ``/proc``
+    writable; the other fields then only add sysctls."""
+
+    capabilities: list[str] = field(default_factory=list)  # bounding, permitted and effective set
+    no_new_privs: bool = False
+    privileged: bool = False
+    devices: list[str] = field(default_factory=list)  # host device files the node's own /dev gets
+    readonly_paths: list[str] = field(default_factory=list)
+    masked_paths: list[str] = field(default_factory=list)
+    sysctls: list[tuple[str, str]] = field(default_factory=list)  # namespaced ones: net.*, kernel.shm*
+
+
+class ConfineError(Exception):
+    """A step of the confinement failed; the message names it."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, arg: int, what: str) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
+        raise ConfineError(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def set_sysctls(sysctls: list[tuple[str, str]]) -> None:
+    """Each sysctl, written while ``/proc/sys`` is still writable: the namespaced ones land in
+    the node's own namespaces (a ``/proc/sys/net`` file is the opener's network namespace's),
+    as a pod's ``securityContext.sysctls`` do."""
+    for name, value in sysctls:
+        with open("/proc/sys/" + name.replace(".", "/"), "w") as f:
+            f.write(value)
+
+
+def capability_mask(names: list[str]) -> int:
+    return sum(1 << CAPABILITY_BITS[name] for name in names)
+
+
+def drop_privileges(confinement: Confinement) -> None:
+    """The last step before the node's first process is exec'd: the bounding set cut to the
+    node's capabilities (so nothing exec'd later, root or setuid, regains more), ambient and
+    inheritable cleared, permitted and effective set to them; then no_new_privs if asked."""
+    if not confinement.privileged:
+        keep = capability_mask(confinement.capabilities)
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+        for cap in range(last + 1):
+            if not keep >> cap & 1:
+                _prctl(PR_CAPBSET_DROP, cap, f"drop capability {cap} from the bounding set")
+        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "clear the ambient capabilities")
+        header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+        low, high = keep & 0xFFFFFFFF, keep >> 32
+        data = (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)  # effective, permitted, inheritable
+        if _libc.capset(header, data) != 0:
+            raise ConfineError(f"capset: {os.strerror(ctypes.get_errno())}")
+    if confinement.no_new_privs:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
