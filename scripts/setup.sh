@@ -3,7 +3,8 @@
 # it installs only what is missing.
 #   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
 #     scripts call it; nodes see this machine's files)
-#   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package and its test extras
+#   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
+#     NeMo (the [nemo] extra: the smoke suite trains a NeMo model across nodes on CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +50,6 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   say "installing torch==2.13.0 (CPU)"
   .venv/bin/python -m pip install -q torch==2.13.0
 fi
-say "installing pytest-sky and its test extras"
-.venv/bin/python -m pip install -q -e '.[test]'
+say "installing pytest-sky, its test extras and NeMo"
+.venv/bin/python -m pip install -q -e '.[test,nemo]'
 say "ready: .venv/bin/python -m pytest smoke -k multinode"

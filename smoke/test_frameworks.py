@@ -1,4 +1,4 @@
-"""Framework smoke tests: TensorFlow multi-worker on CPU, and NCCL and NeMo across GPU nodes.
+"""Framework smoke tests: TensorFlow and NeMo across nodes on CPU, and NCCL and NeMo on GPU nodes.
 
 Each test runs an example task YAML from ``examples/`` unmodified on a fresh cluster and
 asserts on what every rank printed, as the rest of the smoke suite does.  The frameworks are
@@ -26,6 +26,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TF_TIMEOUT_S = 300
 NCCL_TIMEOUT_S = 300
 NEMO_TIMEOUT_S = 900
+NEMO_CPU_TIMEOUT_S = 300
+NEMO_INSTALL = "pip install 'pytest-sky[nemo]' (nemo-toolkit[core,common-only])"
 
 
 def gpu_request(sky_backend: str, num_nodes: int) -> str:
@@ -65,6 +67,41 @@ def test_tf_multiworker_mirrored_strategy(sky_launch):
         checksums.append(found[0])
     assert len(set(checksums)) == 1, f"workers disagree on the final weights: {checksums}"
     assert math.isfinite(float(checksums[0]))
+
+
+def nemo_finished(res, start: int, steps: int) -> str:
+    """Every rank's ``NEMO_DONE`` line says it trained from ``start`` to ``steps`` in a world of
+    every node, and every rank ends with the same loss and weights; returns the weights."""
+    assert res.returncode == 0, res.output
+    line = re.compile(r"^NEMO_DONE rank=(\d+) world=(\d+) start=(\d+) steps=(\d+) loss=(\S+) weights=(\w+)", re.M)
+    done = [line.findall(r.stdout) for r in res.ranks]
+    assert all(len(found) == 1 for found in done), res.output
+    lines = [found[0] for found in done]
+    world = str(len(res.ranks))
+    assert sorted(int(rank) for rank, *_ in lines) == list(range(len(res.ranks))), res.output
+    assert {(w, int(s), int(n)) for _, w, s, n, _, _ in lines} == {(world, start, steps)}, lines
+    assert len({(loss, weights) for *_, loss, weights in lines}) == 1, f"ranks disagree on the trained model: {lines}"
+    assert math.isfinite(float(lines[0][4])), lines
+    return lines[0][5]
+
+
+@pytest.mark.multinode(num_nodes=2)
+def test_nemo_trains_across_nodes_on_cpu_and_resumes_from_rank0s_checkpoint(sky_launch, sky_settings):
+    """NeMo's own stack (a ModelPT, Lightning's DDP over gloo, exp_manager) across 2 nodes:
+    every rank trains on its own data and ends with the same loss and weights.  Then, with a
+    shared directory, a second run on every rank resumes from the checkpoint rank 0 wrote
+    there and continues from its step."""
+    shared = sky_settings.backend != "kubernetes" or bool(sky_settings.kube_shared_pvc)
+    task = Task.from_yaml(EXAMPLES / "nemo_cpu" / "task.yaml")
+    cluster = sky_launch(num_nodes=2, shared_dir="/mnt/shared" if shared else None)
+    require_on_nodes(cluster, modules=["nemo.core", "lightning"], install=NEMO_INSTALL)
+    steps = int(task.envs["NEMO_MAX_STEPS"])
+    exp_dir = {"NEMO_EXP_DIR": "/mnt/shared/nemo"} if shared else {}
+    first = nemo_finished(cluster.run(task.with_overrides(envs=exp_dir), timeout=NEMO_CPU_TIMEOUT_S), 0, steps)
+    if not shared:
+        pytest.skip("trained across nodes; resuming from rank 0's checkpoint needs shared_dir: pass --kube-shared-pvc")
+    more = task.with_overrides(envs={**exp_dir, "NEMO_MAX_STEPS": str(2 * steps)})
+    assert nemo_finished(cluster.run(more, timeout=NEMO_CPU_TIMEOUT_S), steps, 2 * steps) != first
 
 
 @pytest.mark.gpu

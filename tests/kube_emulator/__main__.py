@@ -54,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--mtu", type=int, default=65535, help="MTU of the pods' veths (default 65535)")
     p.add_argument(
+        "--shared-pvc",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a ReadWriteMany PersistentVolumeClaim in the default namespace, as an admin provisions one "
+        "(for pytest-sky's --kube-shared-pvc; repeatable)",
+    )
+    p.add_argument(
         "--kube-version",
         default=KUBERNETES_VERSION,
         help=f"the Kubernetes version served (default {KUBERNETES_VERSION}); from 1.35 exec and port-forward "
@@ -109,6 +117,7 @@ async def serve(args: argparse.Namespace) -> None:
         kube_version=args.kube_version,
         gpu_product=args.gpu_product,
         policies=args.policies,
+        shared_claims=tuple(args.shared_pvc),
     )
     server = EmulatorServer(
         config,

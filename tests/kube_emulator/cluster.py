@@ -232,6 +232,9 @@ class ClusterConfig:
     #: "baseline", a LimitRange that defaults limits, and a ResourceQuota on requests and limits
     #: (:meth:`Cluster.default_policies`).
     policies: bool = True
+    #: ReadWriteMany claims in the ``default`` namespace, as an administrator provisions one
+    #: for a team's shared directories (``--kube-shared-pvc``).
+    shared_claims: tuple[str, ...] = ()
 
 
 class Cluster:
@@ -262,6 +265,9 @@ class Cluster:
             self._create_namespace({"metadata": {"name": ns}})
         if self.config.policies:
             self.default_policies()
+        for claim in self.config.shared_claims:
+            spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+            self.create("persistentvolumeclaims", "default", {"metadata": {"name": claim}, "spec": spec})
         for i in range(self.config.nodes):
             self.store.create("nodes", self._node(i))
         self._wake = asyncio.Event()

@@ -11,8 +11,8 @@ the command, every exec and every ssh session see the same image.
 The catalogue (what a registry would have):
 
 - ``pytest-sky-node`` under any registry and tag (what ``examples/kubernetes/Dockerfile``
-  builds, e.g. ``pytest-sky-node:torch2.13.0-cpu``): nothing absent.  Python with torch and
-  mpi4py, OpenSSH server and client, OpenMPI: this machine as the test suite sees it.
+  builds, e.g. ``pytest-sky-node:torch2.13.0-cpu``): nothing absent.  Python with torch,
+  mpi4py and NeMo, OpenSSH server and client, OpenMPI: this machine as the test suite sees it.
 - ``python:3.11-slim-bookworm`` (the backend's default; also ``python:3.11-slim``, with or
   without ``docker.io/library/``): no sshd, no ssh client, no ``mpirun``, no Python
   environment with torch (``python3`` is the system's bare interpreter), and no apt package
