@@ -8,6 +8,13 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A state directory (PYTEST_SKY_HOME) of the test's own."""
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
 @pytest.fixture(scope="module")
 def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A state directory (PYTEST_SKY_HOME) of the module's own, for the clusters it shares."""

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from pytest_sky import procs
+from pytest_sky.backends.confine import CAPABILITY_BITS
 
 kubernetes = pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
@@ -619,29 +620,9 @@ def test_a_pods_files_are_its_own_and_an_emptydir_is_per_pod(emu: Emulator, v1: 
         delete_and_wait(v1, "app=own-files")
 
 
-CAP_NUMBERS = {
-    "CHOWN": 0,
-    "DAC_OVERRIDE": 1,
-    "FOWNER": 3,
-    "FSETID": 4,
-    "KILL": 5,
-    "SETGID": 6,
-    "SETUID": 7,
-    "SETPCAP": 8,
-    "NET_BIND_SERVICE": 10,
-    "NET_ADMIN": 12,
-    "NET_RAW": 13,
-    "SYS_CHROOT": 18,
-    "SYS_ADMIN": 21,
-    "MKNOD": 27,
-    "AUDIT_WRITE": 29,
-    "SETFCAP": 31,
-}
-
-
 def capability_names(mask: int) -> set[str]:
-    names = {name for name, bit in CAP_NUMBERS.items() if mask >> bit & 1}
-    assert sum(1 << CAP_NUMBERS[n] for n in names) == mask, f"{mask:x} has capabilities beyond {sorted(names)}"
+    names = {name for name, bit in CAPABILITY_BITS.items() if mask >> bit & 1}
+    assert sum(1 << CAPABILITY_BITS[n] for n in names) == mask, f"{mask:x} has capabilities beyond {sorted(names)}"
     return names
 
 

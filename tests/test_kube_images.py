@@ -43,12 +43,6 @@ def emu() -> Emulator:
         yield emu
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 def v1(emu: Emulator) -> client.CoreV1Api:
     return KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
 

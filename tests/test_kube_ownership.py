@@ -41,12 +41,6 @@ ALLOWED = {
 }
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 @pytest.fixture(scope="module")
 def emu():
     with Emulator(nodes=3) as emu:

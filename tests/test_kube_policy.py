@@ -23,12 +23,6 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 from tests.kube_emulator import Emulator
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
     with Emulator(nodes=3) as e:

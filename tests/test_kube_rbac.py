@@ -185,12 +185,6 @@ def test_the_backends_line_for_a_denial_names_verb_resource_and_fix() -> None:
 # -- against the emulator --------------------------------------------------------------------
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 def emulator(version: str) -> Iterator[Emulator]:
     if os.geteuid() != 0:
         pytest.skip("the emulator's pods are namespace nodes: needs root")

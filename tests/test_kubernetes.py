@@ -23,12 +23,6 @@ from tests.kube_emulator import Emulator, images
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 @pytest.fixture(scope="module")
 def emu3():
     with Emulator(nodes=3) as emu:

@@ -96,12 +96,6 @@ def host_state() -> dict[str, str]:
     return state
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 @pytest.fixture(scope="module")
 def emu():
     pytest.importorskip("kubernetes", reason="pip install kubernetes")

@@ -27,12 +27,6 @@ COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"
 STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started; '
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 @pytest.fixture(params=["cgroup", "fallback"])
 def cluster(request: pytest.FixtureRequest, home: Path):
     """Two nodes with writable cgroups (local nodes), or with none (as pods see them)."""

@@ -18,12 +18,6 @@ from pytest_sky.job import JobStatus
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
 def our_links(home: Path) -> list[str]:
     return [n for n in os.listdir("/sys/class/net") if n.startswith("psky") and str(home) in netns.link_alias(n)]
 
