@@ -630,12 +630,12 @@ def capability_names(mask: int) -> set[str]:
 def test_a_containers_capabilities_are_what_a_runtime_gives_it(emu: Emulator, v1: client.CoreV1Api) -> None:
     """The runtime's default set, or the securityContext's drop/add, and no_new_privs: the
     pod's sshd runs with what it would get on a real node, not with all of root's."""
-    from pytest_sky.backends import kube_manifests
+    from pytest_sky.backends import privileges
 
     show = ["/bin/sh", "-c", "grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status"]
     contexts = {
         "caps-default": None,
-        "caps-ours": kube_manifests.security_context(),
+        "caps-ours": privileges.container_security_context(),
         "caps-chroot-only": {"capabilities": {"drop": ["ALL"], "add": ["SYS_CHROOT"]}},
     }
     for name, sc in contexts.items():
@@ -652,6 +652,6 @@ def test_a_containers_capabilities_are_what_a_runtime_gives_it(emu: Emulator, v1
     default = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE"}
     default |= {"NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
     assert seen["caps-default"] == (default, "0")
-    assert seen["caps-ours"] == (set(kube_manifests.CAPABILITIES), "1")
+    assert seen["caps-ours"] == (set(privileges.POD_CAPABILITIES), "1")
     assert seen["caps-chroot-only"] == ({"SYS_CHROOT"}, "0")
     delete_and_wait(v1, "app=caps")

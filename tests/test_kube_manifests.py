@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_sky.backends import kube_manifests as m
+from pytest_sky.backends import privileges
 from pytest_sky.resources import Resources
 from tests.kube_emulator import admission
 
@@ -91,7 +92,7 @@ def test_pods_pass_podsecurity_baseline_with_only_what_sshd_needs(resources: Res
         sc = pod["spec"]["containers"][0]["securityContext"]
         # Nothing the runtime happens to grant by default: exactly the named set.
         assert sc["capabilities"]["drop"] == ["ALL"]
-        assert set(sc["capabilities"]["add"]) == set(m.CAPABILITIES) <= admission.BASELINE_CAPABILITIES
+        assert set(sc["capabilities"]["add"]) == set(privileges.POD_CAPABILITIES) <= admission.BASELINE_CAPABILITIES
         assert {"SYS_CHROOT", "SETUID", "SETGID", "NET_BIND_SERVICE"} <= set(sc["capabilities"]["add"])
         assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -44,9 +44,6 @@ SSHD_CONFIG_KEY = "sshd_config"
 #: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
 SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", "agent.pyz", SSHD_CONFIG_KEY)
 HOST_KEY_PREFIX = "host_key_"
-#: What the node container holds of root (``privileges`` says why each): every node's, local
-#: ones included.
-CAPABILITIES = privileges.POD_CAPABILITIES
 
 #: How long a pod without sshd may spend installing it (apt-get update and install, or apk,
 #: or dnf) before it gives up: with egress that takes seconds; without, apt would wait out its
@@ -232,11 +229,6 @@ def secret_volume(cluster: str, rank: int, keys: Iterable[str] | None = None) ->
     return {"name": "ssh-keys", "secret": {"secretName": secret_name(cluster), "defaultMode": 0o400, "items": items}}
 
 
-def security_context(asked: privileges.Privileges = privileges.NONE_ASKED) -> dict:
-    """The node container's: passes PodSecurity "baseline" unless the launch asked for more."""
-    return privileges.container_security_context(asked)
-
-
 @dataclass(frozen=True)
 class SharedVolume:
     """The cluster's shared directory on Kubernetes: a directory of its own (``subPath``, the
@@ -298,7 +290,7 @@ def pod(
                 "env": [{"name": "PSKY_RANK", "value": str(rank)}],
                 "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
                 "resources": container_resources(resources, placement.with_limits),
-                "securityContext": security_context(asked),
+                "securityContext": privileges.container_security_context(asked),
                 "volumeMounts": [{"name": "ssh-keys", "mountPath": SECRET_MOUNT, "readOnly": True}],
             }
         ],

@@ -412,9 +412,7 @@ class LocalBackend(Backend):
                     layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
                     hide=[config.cluster_dir.parent.parent] if self.private_root else [],
                     # What its pod would hold on Kubernetes, and exactly its GPUs.
-                    confinement=privileges.for_node(
-                        config.privileges, gpus.device_files(shares[node.rank] if shares else "")
-                    ),
+                    confinement=privileges.for_node(config.privileges, gpus.device_files(shares[node.rank])),
                 )
             )
         return specs

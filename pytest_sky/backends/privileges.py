@@ -49,24 +49,14 @@ RUNTIME_DEFAULT_CAPABILITIES = (
     "SETUID",
     "SYS_CHROOT",
 )
-#: What sshd and the image's package manager need of root, and no more: privilege separation
-#: chroots (SYS_CHROOT) and drops to its user (SETUID, SETGID), port 22 (NET_BIND_SERVICE),
-#: login records (AUDIT_WRITE, fatal without it in sshd built with Linux audit), and apt/dpkg
-#: own and chmod files of other users (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL).  Every one
-#: is in Pod Security "baseline"'s allowed list; naming them also gives sshd SYS_CHROOT and
-#: AUDIT_WRITE where the runtime's default set lacks them (CRI-O).
-POD_CAPABILITIES = (
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "NET_BIND_SERVICE",
-    "SETGID",
-    "SETUID",
-    "SYS_CHROOT",
-)
+#: What sshd and the image's package manager need of root, and no more: the runtime's default
+#: set less what neither uses (MKNOD, NET_RAW, SETFCAP, SETPCAP).  Privilege separation chroots
+#: (SYS_CHROOT) and drops to its user (SETUID, SETGID), port 22 (NET_BIND_SERVICE), login
+#: records (AUDIT_WRITE, fatal without it in sshd built with Linux audit), and apt/dpkg own and
+#: chmod files of other users (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL).  Every one is in Pod
+#: Security "baseline"'s allowed list; naming them also gives sshd SYS_CHROOT and AUDIT_WRITE
+#: where the runtime's default set lacks them (CRI-O).
+POD_CAPABILITIES = tuple(c for c in RUNTIME_DEFAULT_CAPABILITIES if c not in {"MKNOD", "NET_RAW", "SETFCAP", "SETPCAP"})
 #: The sysctls containerd 2 sets in every pod's network namespace (``enable_unprivileged_ports``
 #: and ``enable_unprivileged_icmp``, on by default since 2.0): ports below 1024 and ping
 #: without a capability.  Both are "safe" sysctls Pod Security baseline allows, so our pods
@@ -126,7 +116,7 @@ def check_privileges(capabilities: object = (), privileged: object = False) -> P
         raise TaskError(f"capabilities must be a list of capability names such as ('NET_ADMIN',), got {capabilities!r}")
     names = []
     for raw in capabilities:
-        name = str(raw).strip().upper().removeprefix("CAP_")
+        name = _cap_name(raw)
         if name == "ALL":
             raise TaskError("capabilities=('ALL',) is privileged=True: say that instead, on purpose")
         if name not in CAPABILITY_BITS:
@@ -155,18 +145,18 @@ def pod_security_context() -> dict[str, Any]:
     return {"sysctls": [{"name": name, "value": value} for name, value in NODE_SYSCTLS]}
 
 
-def _names(values: object) -> set[str]:
-    return {str(c).upper().removeprefix("CAP_") for c in values or []} if isinstance(values, list) else set()
+def _cap_name(raw: object) -> str:
+    """A capability as a securityContext may spell it (``net_admin``, ``CAP_NET_ADMIN``)."""
+    return str(raw).strip().upper().removeprefix("CAP_")
 
 
-def capabilities_of(container_sc: Mapping[str, Any] | None) -> list[str] | None:
+def _capabilities(container_sc: Mapping[str, Any]) -> list[str]:
     """The capabilities a runtime gives a container with this securityContext: its default
-    set, less ``drop``, plus ``add`` (``ALL`` in either); None for every one (privileged)."""
-    sc = container_sc or {}
-    caps = sc.get("capabilities") or {}
-    add, drop = _names(caps.get("add")), _names(caps.get("drop"))
-    if sc.get("privileged") or "ALL" in add:
-        return None
+    set, less ``drop``, plus ``add`` (``ALL`` in either); every one when privileged."""
+    caps = container_sc.get("capabilities") or {}
+    add, drop = ({_cap_name(c) for c in caps.get(key) or []} for key in ("add", "drop"))
+    if container_sc.get("privileged") or "ALL" in add:
+        return sorted(CAPABILITY_BITS)
     have = set() if "ALL" in drop else set(RUNTIME_DEFAULT_CAPABILITIES) - drop
     return sorted((have | add) & set(CAPABILITY_BITS))
 
@@ -177,12 +167,12 @@ def confinement(
     """What a runtime makes of a pod's and its container's securityContexts, for a node's
     init to carry out; ``devices`` are the extra device files it is given (its GPUs)."""
     sc = container_sc or {}
-    caps = capabilities_of(sc)
+    caps = _capabilities(sc)
     sysctls = [(str(s.get("name", "")), str(s.get("value", ""))) for s in (pod_sc or {}).get("sysctls") or []]
     if sc.get("privileged"):
-        return Confinement(capabilities=sorted(CAPABILITY_BITS), privileged=True, sysctls=sysctls)
+        return Confinement(capabilities=caps, privileged=True, sysctls=sysctls)
     return Confinement(
-        capabilities=sorted(CAPABILITY_BITS) if caps is None else caps,
+        capabilities=caps,
         no_new_privs=sc.get("allowPrivilegeEscalation") is False,
         devices=[*DEVICES, *devices],
         readonly_paths=list(READONLY_PATHS),

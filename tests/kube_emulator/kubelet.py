@@ -181,6 +181,7 @@ class Kubelet:
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
         self.netns_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubelet-netns")
         self.nsenter = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin") or "nsenter"
+        self.setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin") or "setpriv"
         self.setsid = shutil.which("setsid", path="/usr/bin:/bin:/usr/sbin:/sbin") or "setsid"
         self.kubeconfig: str = ""
 
@@ -854,7 +855,7 @@ class Kubelet:
             "--pid",
             "--ipc",
             "--",
-            *exec_privileges(rt.confinement),
+            *exec_privileges(self.setpriv, rt.confinement),
             # Not nsenter's --wd: it opens the directory before entering the mount namespace,
             # which leaves the command in the emulator's tree instead of the pod's own root.
             "/bin/sh",
@@ -942,14 +943,13 @@ class Kubelet:
         return root / ("node.log.previous" if previous else "node.log")
 
 
-def exec_privileges(confinement: Confinement) -> list[str]:
+def exec_privileges(setpriv: str, confinement: Confinement) -> list[str]:
     """``setpriv`` arguments that give an exec session what the container's own processes
     hold (its bounding set, no inheritable or ambient capabilities, no_new_privs), as a
     runtime execs into a container: an exec may not do what the container could not."""
     if confinement.privileged:
         return []
     caps = ",".join(["-all", *(f"+{c.lower()}" for c in confinement.capabilities)])
-    setpriv = shutil.which("setpriv") or "setpriv"
     argv = [setpriv, "--bounding-set", caps, "--inh-caps", "-all", "--ambient-caps", "-all"]
     return [*argv, "--no-new-privs", "--"] if confinement.no_new_privs else [*argv, "--"]
 
