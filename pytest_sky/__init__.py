@@ -12,7 +12,7 @@ the ``RunResult``.  Before that, ``lifecycle.provision`` had a backend (``backen
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, protocol, cluster_info, console: leaves, importing nothing of ours
+0. errors, naming, procs, protocol, cluster_info, console, registry: leaves (registry imports only errors)
 1. resources, task, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_proxy
 3. backends.base, backends.netlink, backends.confine, backends.nodeinit, backends.privileges, backends.netns,

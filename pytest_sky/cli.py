@@ -24,7 +24,6 @@ from pytest_sky.errors import CommandFailedError, SkyError
 from pytest_sky.protocol import LIVE, JobStatus
 
 EXIT_USAGE = 2
-BACKEND_NAMES = ("local", "kubernetes")
 EXIT_INTERRUPTED = 130
 
 
@@ -136,13 +135,13 @@ def _with_env_options(task, args: argparse.Namespace):
 
 
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
-    """Where a launched cluster runs, whether its nodes share a directory, what they may do."""
-    p.add_argument(
-        "--backend",
-        choices=BACKEND_NAMES,
-        help="where nodes run (default: PYTEST_SKY_BACKEND, else the task's infra, else local)",
-    )
-    p.add_argument("--kubernetes", action="store_true", help="same as --backend kubernetes")
+    """Where a launched cluster runs (the settings table's flags, as pytest has them), whether
+    its nodes share a directory, what they may do."""
+    from pytest_sky import settings
+
+    for option in settings.OPTIONS:
+        if option.on_cli:
+            p.add_argument(option.flag, dest=option.dest, **option.argparse_kwargs(option.env))
     p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
     p.add_argument(
         "--cap-add",
@@ -184,9 +183,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky.backends.privileges import check_privileges
     from pytest_sky.cluster import bring_up
     from pytest_sky.lifecycle import plan_launch
-    from pytest_sky.state import StateStore
+    from pytest_sky.state import ClusterResources, StateStore
 
-    chosen = settings.resolve(backend=args.backend, kubernetes=args.kubernetes or None)
+    chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
     task, num_nodes, requested = plan_launch(_task_from_args(args.task), args.num_nodes or None, _resources(args))
     backend = chosen.for_task(requested)[0].backend
     store = StateStore()
@@ -196,12 +195,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         wanted = {
             "num_nodes": num_nodes,
             "backend": backend,
-            "accelerators": str(requested.accelerators) if requested.accelerators else None,
+            "accelerators": ClusterResources.of(requested).accelerators,
         }
         have = {
             "num_nodes": existing.num_nodes,
             "backend": existing.backend,
-            "accelerators": existing.resources.get("accelerators"),
+            "accelerators": existing.resources.accelerators,
         }
         if wanted != have:
             diff = ", ".join(f"{k} {have[k]} (asked {wanted[k]})" for k in wanted if wanted[k] != have[k])

@@ -280,7 +280,7 @@ class Cluster:
                 f"{self.name} has {self.num_nodes}; launch a cluster of that size"
             )
         wanted = task.resources.accelerators
-        have = self._record.resources.get("accelerators")
+        have = self._record.resources.accelerators
         if wanted is not None and not have:
             raise TaskError(
                 f"task {task.display_name!r} asks for {wanted} per node but cluster {self.name} has no GPUs; "
@@ -316,7 +316,7 @@ class Cluster:
     def _gpus_per_node(self, task: Task) -> int:
         if task.resources.accelerators is not None:
             return task.resources.gpus_per_node
-        return int(self._record.resources.get("gpus_per_node", 0))
+        return self._record.resources.gpus_per_node
 
     def _sync(self, task: Task) -> None:
         """Copy the task's workdir and file mounts to every node, the same way on every backend:

@@ -25,7 +25,7 @@ from pytest_sky.cluster_info import ClusterInfo
 from pytest_sky.errors import ProvisionError, SkyError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
-from pytest_sky.state import ClusterRecord, StateStore
+from pytest_sky.state import ClusterRecord, ClusterResources, ClusterStatus, StateStore
 from pytest_sky.task import Task
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,7 @@ def _claim(
         owner_pid=owner_pid,
         owner_start_time=owner_start,
         keep=keep,
-        resources={
-            "cpus": resources.cpus,
-            "memory": resources.memory,
-            "accelerators": str(resources.accelerators) if resources.accelerators else None,
-            "gpus_per_node": resources.gpus_per_node,
-        },
+        resources=ClusterResources.of(resources),
         resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
     )
     if not store.claim(record):
@@ -138,7 +133,7 @@ def provision(
     try:
         info = backend.create(config)
         _write_addresses(backend, store, name, info, keys)
-        record = dataclasses.replace(record, status="UP", info=info)
+        record = dataclasses.replace(record, status=ClusterStatus.UP, info=info)
         with store.locked():
             store.save(record)
     except BaseException:

@@ -61,78 +61,12 @@ def _reported(item: pytest.Item) -> list[Cluster]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """Every row of the settings table is an option here, with its environment twin named."""
+    from pytest_sky import settings
+
     group = parser.getgroup("sky", "pytest-sky: multi-node clusters (each option has a PYTEST_SKY_* twin)")
-    group.addoption(
-        "--backend",
-        dest="sky_backend",
-        choices=("local", "kubernetes"),
-        default=None,
-        help="where clusters run: 'local' namespace nodes on this machine (default) or 'kubernetes' "
-        "pods [PYTEST_SKY_BACKEND]",
-    )
-    group.addoption(
-        "--kubernetes",
-        dest="sky_kubernetes",
-        action="store_true",
-        default=None,
-        help="same as --backend kubernetes: pods on the current kube context [PYTEST_SKY_KUBERNETES]",
-    )
-    _add_kube_options(group)
-    group.addoption(
-        "--keep-clusters",
-        dest="sky_keep_clusters",
-        action="store_true",
-        default=None,
-        help="do not tear clusters down; print how to reach and delete them [PYTEST_SKY_KEEP_CLUSTERS]",
-    )
-    group.addoption(
-        "--sky-mtu",
-        dest="sky_mtu",
-        type=int,
-        default=None,
-        metavar="MTU",
-        help="MTU of local cluster links (default 65535) [PYTEST_SKY_MTU]",
-    )
-
-
-def _add_kube_options(group: pytest.OptionGroup) -> None:
-    """The Kubernetes backend's options (each with its PYTEST_SKY_KUBE_* twin)."""
-    group.addoption(
-        "--kube-context",
-        dest="sky_kube_context",
-        default=None,
-        metavar="CONTEXT",
-        help="kubeconfig context to use [PYTEST_SKY_KUBE_CONTEXT]",
-    )
-    group.addoption(
-        "--kube-namespace",
-        dest="sky_kube_namespace",
-        default=None,
-        metavar="NAMESPACE",
-        help="namespace for the cluster's pods [PYTEST_SKY_KUBE_NAMESPACE]",
-    )
-    group.addoption(
-        "--kube-image",
-        dest="sky_kube_image",
-        default=None,
-        metavar="IMAGE",
-        help="container image of every pod [PYTEST_SKY_KUBE_IMAGE]",
-    )
-    group.addoption(
-        "--kube-shared-pvc",
-        dest="sky_kube_shared_pvc",
-        default=None,
-        metavar="CLAIM",
-        help="ReadWriteMany PersistentVolumeClaim that holds a test's shared_dir [PYTEST_SKY_KUBE_SHARED_PVC]",
-    )
-    group.addoption(
-        "--kube-gpu-label",
-        dest="sky_kube_gpu_label",
-        default=None,
-        metavar="KEY",
-        help="node label naming the GPU product (default: the nodes' known one, else nvidia.com/gpu.product) "
-        "[PYTEST_SKY_KUBE_GPU_LABEL]",
-    )
+    for option in settings.OPTIONS:
+        group.addoption(option.flag, dest=option.dest, default=None, **option.argparse_kwargs(option.env))
 
 
 def settings_from(config: pytest.Config) -> Settings:
@@ -140,17 +74,7 @@ def settings_from(config: pytest.Config) -> Settings:
     from pytest_sky import settings
 
     try:
-        return settings.resolve(
-            backend=config.getoption("sky_backend"),
-            kubernetes=config.getoption("sky_kubernetes"),
-            kube_context=config.getoption("sky_kube_context"),
-            kube_namespace=config.getoption("sky_kube_namespace"),
-            kube_image=config.getoption("sky_kube_image"),
-            kube_shared_pvc=config.getoption("sky_kube_shared_pvc"),
-            kube_gpu_label=config.getoption("sky_kube_gpu_label"),
-            keep_clusters=config.getoption("sky_keep_clusters"),
-            mtu=config.getoption("sky_mtu"),
-        )
+        return settings.resolve(**{o.name: config.getoption(o.dest) for o in settings.OPTIONS})
     except settings.SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
 

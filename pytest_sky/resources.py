@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pytest_sky import registry
 from pytest_sky.errors import ResourcesError
 
 # Bounds that no real node has; a value past them is a typo (an extra zero, MB for GB).
@@ -24,8 +25,8 @@ MAX_ACCELERATOR_COUNT = 1024
 MAX_CPUS = 1024
 MAX_MEMORY_GB = 65536
 
-KNOWN_INFRA = ("local", "kubernetes", "k8s")
-_INFRA_ALIASES = {"k8s": "kubernetes"}
+#: A task's ``infra:`` may name any backend, by name or alias (the registry's spellings).
+KNOWN_INFRA = registry.SPELLINGS
 #: SkyPilot's other clouds: a task that names one (SkyPilot's own examples often do) is
 #: accepted and runs on the selected backend, with a note (``settings.Settings.for_task``).
 OTHER_CLOUDS = (
@@ -251,7 +252,7 @@ def _parse_infra(value: object, key: str) -> tuple[str, str | None]:
             f"{key} must be one of {known} (or kubernetes/CONTEXT) or a SkyPilot cloud such as aws, "
             f"got {format_value(value)}{_did_you_mean(base, (*KNOWN_INFRA, *OTHER_CLOUDS))}"
         )
-    base = _INFRA_ALIASES.get(base, base)
+    base = registry.canonical(base)
     if not sep:
         return base, None
     _check_context(base, context, key, value)
@@ -259,7 +260,7 @@ def _parse_infra(value: object, key: str) -> tuple[str, str | None]:
 
 
 def _check_context(infra: str, context: object, key: str, original: object) -> None:
-    if infra != "kubernetes":
+    if not registry.lookup(infra).takes_context:
         raise ResourcesError(
             f"{key} takes a /CONTEXT part only for kubernetes, got {format_value(original)} "
             "(e.g. k8s/my-context, or just local)"

@@ -10,12 +10,14 @@ header can say why a run went to Kubernetes or kept its clusters.  A task's own
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_sky import registry
 from pytest_sky.errors import SkyError
 from pytest_sky.resources import OTHER_CLOUDS, Resources
 
@@ -27,16 +29,140 @@ DEFAULT_MTU = 65535
 #: Every pod's image when neither --kube-image nor the task's image_id names one.
 DEFAULT_KUBE_IMAGE = "python:3.11-slim-bookworm"
 _TRUE = ("1", "true", "yes", "on")
-BACKENDS = ("local", "kubernetes")
 
 
 class SettingsError(SkyError):
     """A setting's value is not one pytest-sky can use (the message names it and the fix)."""
 
 
+class Kind(enum.Enum):
+    """How an option's text becomes its value (the same on the command line and in the environment)."""
+
+    TEXT = "text"
+    SWITCH = "switch"  # a flag without a value; its environment twin is 1/true/yes/on
+    WHOLE = "whole number"
+    SECONDS = "number of seconds"
+    BACKEND = "backend"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its ``Settings`` field, its command-line flag and environment twin, and
+    what the backend's constructor and the report header make of it.
+
+    The pytest options, the CLI's flags, ``resolve`` and the report header are all made from
+    :data:`OPTIONS`, so a new setting is one row here and one field of :class:`Settings`.
+    """
+
+    name: str
+    flag: str
+    help: str
+    kind: Kind = Kind.TEXT
+    metavar: str | None = None
+    #: The one backend it applies to (None: every backend).
+    backend: str | None = None
+    #: The keyword of that backend's constructor that takes it.
+    keyword: str | None = None
+    #: What the report header shows while it is unset (None: the value itself, e.g. False).
+    unset: str | None = None
+    #: Shown in the report header (the ``kubernetes`` switch is folded into ``backend``).
+    shown: bool = True
+    #: Also a flag of ``pytest-sky launch`` (not ``--keep-clusters``: the CLI always keeps).
+    on_cli: bool = True
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def dest(self) -> str:
+        """Its attribute on a parsed command line (prefixed: pytest's namespace is shared)."""
+        return "sky_" + self.name
+
+    def argparse_kwargs(self, twin: str | None = None) -> dict[str, object]:
+        """``add_argument``'s keywords for its flag, for pytest's parser and the CLI's alike;
+        ``twin`` (the environment variable) is named at the end of the help."""
+        kwargs: dict[str, object] = {"help": f"{self.help} [{twin}]" if twin else self.help}
+        if self.kind is Kind.SWITCH:
+            kwargs["action"] = "store_true"
+        elif self.kind is Kind.BACKEND:
+            kwargs["choices"] = registry.SPELLINGS
+        else:
+            kwargs["metavar"] = self.metavar
+        return kwargs
+
+    def parse(self, raw: object, source: str) -> object:
+        """The value of ``raw`` (text from the environment, or a command line's value)."""
+        if self.kind is Kind.SWITCH:
+            return raw is True or (isinstance(raw, str) and raw.strip().lower() in _TRUE)
+        if self.kind is Kind.BACKEND:
+            if raw not in registry.SPELLINGS:
+                known = " or ".join(repr(n) for n in registry.NAMES)
+                raise SettingsError(f"{source}={raw!r} is not a backend: use {known}")
+            return registry.canonical(str(raw))
+        if self.kind in (Kind.WHOLE, Kind.SECONDS):
+            try:
+                return int(raw) if self.kind is Kind.WHOLE else float(raw)  # type: ignore[arg-type]
+            except ValueError:
+                example = "65535" if self.kind is Kind.WHOLE else "600"
+                raise SettingsError(f"{source}={raw!r} is not a {self.kind.value} (e.g. {example})") from None
+        return raw
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "backend",
+        "--backend",
+        "where clusters run: "
+        + "; ".join(f"'{b.name}': {b.summary}" for b in registry.BACKENDS)
+        + f" (default: the task's infra, else {registry.DEFAULT})",
+        Kind.BACKEND,
+    ),
+    Option(
+        "kubernetes", "--kubernetes", "same as --backend kubernetes: pods on the current kube context", Kind.SWITCH,
+        shown=False,
+    ),
+    Option(
+        "kube_context", "--kube-context", "kubeconfig context to use", metavar="CONTEXT",
+        backend="kubernetes", keyword="context", unset="(kubeconfig's)",
+    ),
+    Option(
+        "kube_namespace", "--kube-namespace", "namespace for the cluster's pods", metavar="NAMESPACE",
+        backend="kubernetes", keyword="namespace", unset="(kubeconfig's)",
+    ),
+    Option(
+        "kube_image", "--kube-image", "container image of every pod", metavar="IMAGE",
+        backend="kubernetes", keyword="image", unset=DEFAULT_KUBE_IMAGE,
+    ),
+    Option(
+        "kube_shared_pvc", "--kube-shared-pvc", "ReadWriteMany PersistentVolumeClaim that holds a test's shared_dir",
+        metavar="CLAIM", backend="kubernetes", keyword="shared_pvc", unset="(none)",
+    ),
+    Option(
+        "kube_gpu_label", "--kube-gpu-label",
+        "node label naming the GPU product (default: the nodes' known one, else nvidia.com/gpu.product)",
+        metavar="KEY", backend="kubernetes", keyword="gpu_label",
+        unset="(the nodes' known GPU label, else nvidia.com/gpu.product)",
+    ),
+    Option(
+        "kube_timeout", "--kube-timeout", "seconds a launch waits for its pods to be ready", Kind.SECONDS,
+        metavar="SECONDS", backend="kubernetes", keyword="ready_timeout", unset="(the backend's)",
+    ),
+    Option(
+        "keep_clusters", "--keep-clusters", "do not tear clusters down; print how to reach and delete them",
+        Kind.SWITCH, on_cli=False,
+    ),
+    Option(
+        "mtu", "--sky-mtu", f"MTU of local cluster links (default {DEFAULT_MTU})", Kind.WHOLE, metavar="MTU",
+        backend="local", keyword="mtu", unset=str(DEFAULT_MTU),
+    ),
+)  # fmt: skip
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
 @dataclass(frozen=True)
 class Settings:
-    backend: str = "local"
+    backend: str = registry.DEFAULT
     kube_context: str | None = None
     kube_namespace: str | None = None
     kube_image: str | None = None
@@ -51,21 +177,12 @@ class Settings:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def backend_options(self) -> dict[str, Any]:
-        """The keyword arguments of the chosen backend's constructor."""
-        if self.backend == "local":
-            return {"mtu": self.mtu} if self.mtu else {}
-        options: dict[str, Any] = {
-            "context": self.kube_context,
-            "namespace": self.kube_namespace,
-            "image": self.kube_image,
+        """The keyword arguments of the chosen backend's constructor: its options that are set."""
+        return {
+            o.keyword: getattr(self, o.name)
+            for o in OPTIONS
+            if o.backend == self.backend and o.keyword and getattr(self, o.name) is not None
         }
-        if self.kube_timeout is not None:
-            options["ready_timeout"] = self.kube_timeout
-        if self.kube_shared_pvc:
-            options["shared_pvc"] = self.kube_shared_pvc
-        if self.kube_gpu_label:
-            options["gpu_label"] = self.kube_gpu_label
-        return options
 
     def given(self, name: str) -> bool:
         """The command line or the environment set it (not the default, not a task)."""
@@ -114,22 +231,12 @@ class Settings:
 
     def describe(self) -> str:
         """One line for pytest's report header: each setting that applies, and its source."""
-        names = ["backend", "keep_clusters"]
-        names += (
-            ["mtu"] if self.backend == "local" else ["kube_context", "kube_namespace", "kube_image", "kube_gpu_label"]
-        )
         parts = []
-        unset = {
-            "mtu": DEFAULT_MTU,
-            "kube_context": "(kubeconfig's)",
-            "kube_namespace": "(kubeconfig's)",
-            "kube_image": DEFAULT_KUBE_IMAGE,
-            "kube_gpu_label": "(the nodes' known GPU label, else nvidia.com/gpu.product)",
-        }
-        for name in names:
-            value = getattr(self, name)
-            shown = unset.get(name, value) if value is None else value
-            parts.append(f"{name}={shown} (from {self.sources.get(name, 'default')})")
+        for o in OPTIONS:
+            if o.shown and o.backend in (None, self.backend):
+                value = getattr(self, o.name)
+                shown = o.unset if value is None and o.unset is not None else value
+                parts.append(f"{o.name}={shown} (from {self.sources.get(o.name, 'default')})")
         return "pytest-sky: " + ", ".join(parts)
 
 
@@ -143,72 +250,30 @@ def state_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get(ENV_PREFIX + "HOME") or "~/.pytest_sky").expanduser().resolve()
 
 
-def _truthy(value: object) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
-
-
-def _seconds(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw is not None else None
-    except ValueError:
-        raise SettingsError(f"PYTEST_SKY_KUBE_TIMEOUT={raw!r} is not a number of seconds (e.g. 600)") from None
-
-
-def resolve(
-    *,
-    backend: str | None = None,
-    kubernetes: bool | None = None,
-    kube_context: str | None = None,
-    kube_namespace: str | None = None,
-    kube_image: str | None = None,
-    keep_clusters: bool | None = None,
-    mtu: int | None = None,
-    kube_shared_pvc: str | None = None,
-    kube_gpu_label: str | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Settings:
-    """The effective settings, from the command line's values (None: not given) and the environment.
+def resolve(*, environ: Mapping[str, str] | None = None, **given: object) -> Settings:
+    """The effective settings, from the command line's values (keyword per :data:`OPTIONS` row;
+    None: not given) and the environment's twins.
 
     ``--kubernetes`` is ``--backend kubernetes``; within the command line and within the
     environment, the ``kubernetes`` switch wins over a ``backend`` name.
     """
+    unknown = sorted(set(given) - set(_BY_NAME))
+    if unknown:
+        raise TypeError(f"resolve() got unknown settings {unknown}")
     env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-
-    def pick(name: str, given: object, option: str) -> Any:
-        if given is not None:
-            sources[name] = option
-            return given
-        value = env.get(ENV_PREFIX + name.upper()) or None
-        if value is not None:
-            sources[name] = ENV_PREFIX + name.upper()
-        return value
-
-    if kubernetes:
-        chosen, sources["backend"] = "kubernetes", "--kubernetes"
-    elif backend:
-        chosen, sources["backend"] = backend, "--backend"
-    elif _truthy(env.get(ENV_PREFIX + "KUBERNETES")):
-        chosen, sources["backend"] = "kubernetes", ENV_PREFIX + "KUBERNETES"
-    else:
-        chosen = pick("backend", None, "--backend") or "local"
-    if chosen not in (*BACKENDS, "k8s"):
-        raise SettingsError(f"PYTEST_SKY_BACKEND={chosen!r} is not a backend: use 'local' or 'kubernetes'")
-    raw_mtu = pick("mtu", mtu, "--sky-mtu")
-    try:
-        mtu_value = int(raw_mtu) if raw_mtu is not None else None
-    except ValueError:
-        raise SettingsError(f"PYTEST_SKY_MTU={raw_mtu!r} is not a whole number (e.g. 65535)") from None
-    timeout = _seconds(pick("kube_timeout", None, ""))
-    return Settings(
-        backend="kubernetes" if chosen == "k8s" else chosen,
-        kube_context=pick("kube_context", kube_context, "--kube-context"),
-        kube_namespace=pick("kube_namespace", kube_namespace, "--kube-namespace"),
-        kube_image=pick("kube_image", kube_image, "--kube-image"),
-        keep_clusters=_truthy(pick("keep_clusters", keep_clusters, "--keep-clusters")),
-        mtu=mtu_value,
-        kube_timeout=timeout,
-        kube_shared_pvc=pick("kube_shared_pvc", kube_shared_pvc, "--kube-shared-pvc"),
-        kube_gpu_label=pick("kube_gpu_label", kube_gpu_label, "--kube-gpu-label"),
-        sources=sources,
-    )
+    for option in OPTIONS:
+        raw = given.get(option.name)
+        source = option.flag
+        if raw is None:
+            raw, source = env.get(option.env) or None, option.env
+        if raw is not None:
+            values[option.name] = option.parse(raw, source)
+            sources[option.name] = source
+    switch = "kubernetes" in values and values.pop("kubernetes")
+    switch_source = sources.pop("kubernetes", None)
+    backend_from_cli = sources.get("backend") == "--backend"
+    if switch and not (backend_from_cli and switch_source != "--kubernetes"):
+        values["backend"], sources["backend"] = "kubernetes", str(switch_source)
+    return Settings(**values, sources=sources)

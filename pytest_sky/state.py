@@ -9,6 +9,7 @@ directory: pytest-xdist workers, the CLI and a reaping run may all touch records
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import os
@@ -24,6 +25,7 @@ from filelock import FileLock
 
 from pytest_sky import procs
 from pytest_sky.cluster_info import ClusterInfo
+from pytest_sky.resources import Resources
 from pytest_sky.settings import state_home
 
 
@@ -31,6 +33,43 @@ def home() -> Path:
     root = state_home()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     return root
+
+
+class ClusterStatus(str, enum.Enum):
+    """A cluster's life on disk: PROVISIONING from its claim until its nodes answer, then UP.
+
+    A ``str`` enum so that the record's JSON stays the word and status tables print it as is.
+    """
+
+    PROVISIONING = "PROVISIONING"
+    UP = "UP"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    """What a cluster was launched with, as later launches, tasks and ``status`` compare it.
+
+    ``accelerators`` is the canonical text of the request (``V100:1``), so two requests
+    for the same thing compare equal however they were written.
+    """
+
+    cpus: float | None = None
+    memory: float | None = None
+    accelerators: str | None = None
+    gpus_per_node: int = 0
+
+    @classmethod
+    def of(cls, resources: Resources) -> ClusterResources:
+        accel = resources.accelerators
+        return cls(resources.cpus, resources.memory, str(accel) if accel else None, resources.gpus_per_node)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> ClusterResources:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
 @dataclass
@@ -42,8 +81,8 @@ class ClusterRecord:
     owner_start_time: int | None
     created: float = field(default_factory=time.time)
     keep: bool = False  # --keep-clusters / CLI: never reaped when the owner exits
-    status: str = "PROVISIONING"  # PROVISIONING, UP
-    resources: dict = field(default_factory=dict)
+    status: ClusterStatus = ClusterStatus.PROVISIONING
+    resources: ClusterResources = field(default_factory=ClusterResources)
     resources_label: str = ""
     info: ClusterInfo | None = None  # what provisioning returned; None while PROVISIONING
 
@@ -65,6 +104,8 @@ class ClusterRecord:
         fields = {k: v for k, v in data.items() if k in known}
         if fields.get("info") is not None:
             fields["info"] = ClusterInfo.from_dict(fields["info"])
+        fields["resources"] = ClusterResources.from_dict(fields.get("resources"))
+        fields["status"] = ClusterStatus(fields.get("status", ClusterStatus.PROVISIONING))
         return cls(**fields)
 
 

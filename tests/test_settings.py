@@ -30,7 +30,7 @@ def test_option_wins_over_environment() -> None:
     s = resolve(kube_namespace="from-option", environ=env)
     assert (s.backend, s.sources["backend"]) == ("kubernetes", "PYTEST_SKY_BACKEND")
     assert (s.kube_namespace, s.sources["kube_namespace"]) == ("from-option", "--kube-namespace")
-    assert s.backend_options() == {"context": None, "namespace": "from-option", "image": None}
+    assert s.backend_options() == {"namespace": "from-option"}
 
 
 def test_kubernetes_switch_wins_over_a_backend_name_at_each_level() -> None:
@@ -148,3 +148,70 @@ def test_the_gpu_label_has_an_option_an_environment_twin_and_a_header_line() -> 
         "kube_gpu_label=(the nodes' known GPU label, else nvidia.com/gpu.product) (from default)"
         in resolve(kubernetes=True, environ={}).describe()
     )
+
+
+def test_every_row_of_the_table_is_a_pytest_option_a_cli_flag_and_an_environment_twin(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One table makes them all: a setting added there shows up everywhere with its twin named."""
+    from pytest_sky.cli import main
+
+    help_text = pytester.runpytest_subprocess("--help").stdout.str()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    launch = capsys.readouterr().out
+    for option in settings.OPTIONS:
+        assert option.flag in help_text and f"[{option.env}]" in help_text, option.name
+        assert (option.flag in launch) == option.on_cli, option.name
+
+
+def test_kube_timeout_is_an_option_too_and_reaches_the_backend() -> None:
+    s = resolve(kubernetes=True, kube_timeout="90", environ={})
+    assert s.backend_options() == {"ready_timeout": 90.0}
+    assert "kube_timeout=90.0 (from --kube-timeout)" in s.describe()
+    with pytest.raises(SettingsError) as info:
+        resolve(environ={"PYTEST_SKY_KUBE_TIMEOUT": "soon"})
+    assert str(info.value) == "PYTEST_SKY_KUBE_TIMEOUT='soon' is not a number of seconds (e.g. 600)"
+
+
+def test_the_header_shows_only_the_chosen_backends_settings() -> None:
+    local = resolve(environ={}).describe()
+    kube = resolve(backend="k8s", environ={}).describe()
+    assert "mtu=65535" in local and "kube_" not in local
+    assert "mtu" not in kube and "kube_image=python:3.11-slim-bookworm (from default)" in kube
+    assert "backend=kubernetes (from --backend)" in kube
+
+
+def test_the_registry_is_the_one_list_of_backends() -> None:
+    from pytest_sky import registry
+    from pytest_sky.resources import KNOWN_INFRA
+
+    assert registry.NAMES == ("local", "kubernetes")
+    assert registry.canonical("k8s") == "kubernetes"
+    assert KNOWN_INFRA == registry.SPELLINGS
+    assert resolve(environ={"PYTEST_SKY_BACKEND": "k8s"}).backend == "kubernetes"
+
+
+def test_a_backend_whose_client_is_not_installed_is_one_line_naming_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without its client a backend is refused before its module is imported, not with a
+    ``ModuleNotFoundError`` from deep inside a launch."""
+    from pytest_sky import registry
+    from pytest_sky.backends import get_backend
+    from pytest_sky.errors import BackendUnavailableError
+
+    missing = registry.BackendEntry(
+        "faraway", (), "pytest_sky.backends.never:Never", "nodes elsewhere", needs=(("no_such_client", "no-such>=1"),)
+    )
+    monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, missing))
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("faraway")
+    assert str(info.value) == (
+        "the faraway backend needs the Python package 'no_such_client', which is not installed "
+        "in this environment: pip install 'no-such>=1'"
+    )
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("nowhere")
+    assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, k8s"
