@@ -3,7 +3,8 @@
 The plugin's ``--backend`` choices, the CLI's, the settings' check of ``PYTEST_SKY_BACKEND``,
 a task's ``infra:`` and ``backends.get_backend`` all read this table, so a backend is added
 (or an alias given) in one place.  It imports nothing heavy: a backend's module is named
-here as text and imported only when that backend is chosen.
+here as text and imported only when that backend is chosen.  The table is read on each use
+(functions, not constants), so a test can add a backend of its own (``tests/fake_backend.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +47,18 @@ BACKENDS: tuple[BackendEntry, ...] = (
     ),
 )
 
-#: Every backend's own name, in the table's order (the first is the default).
-NAMES: tuple[str, ...] = tuple(b.name for b in BACKENDS)
-DEFAULT = NAMES[0]
-#: Every spelling accepted where a backend is named: names, then aliases.
-SPELLINGS: tuple[str, ...] = NAMES + tuple(a for b in BACKENDS for a in b.aliases)
+def names() -> tuple[str, ...]:
+    """Every backend's own name, in the table's order (the first is the default)."""
+    return tuple(b.name for b in BACKENDS)
+
+
+def default() -> str:
+    return BACKENDS[0].name
+
+
+def spellings() -> tuple[str, ...]:
+    """Every spelling accepted where a backend is named: names, then aliases."""
+    return names() + tuple(a for b in BACKENDS for a in b.aliases)
 
 
 def lookup(spelling: str) -> BackendEntry:
@@ -58,7 +66,7 @@ def lookup(spelling: str) -> BackendEntry:
     for entry in BACKENDS:
         if spelling == entry.name or spelling in entry.aliases:
             return entry
-    raise BackendUnavailableError(f"unknown backend {spelling!r}: choose one of {', '.join(SPELLINGS)}")
+    raise BackendUnavailableError(f"unknown backend {spelling!r}: choose one of {', '.join(spellings())}")
 
 
 def canonical(spelling: str) -> str:

@@ -25,8 +25,6 @@ MAX_ACCELERATOR_COUNT = 1024
 MAX_CPUS = 1024
 MAX_MEMORY_GB = 65536
 
-#: A task's ``infra:`` may name any backend, by name or alias (the registry's spellings).
-KNOWN_INFRA = registry.SPELLINGS
 #: SkyPilot's other clouds: a task that names one (SkyPilot's own examples often do) is
 #: accepted and runs on the selected backend, with a note (``settings.Settings.for_task``).
 OTHER_CLOUDS = (
@@ -240,17 +238,17 @@ def _parse_memory(value: object, key: str) -> float:
 
 def _parse_infra(value: object, key: str) -> tuple[str, str | None]:
     """Split ``k8s/my-context`` into the normalised infra and the Kubernetes context."""
-    known = ", ".join(KNOWN_INFRA)
+    known = ", ".join(registry.spellings())
     if not isinstance(value, str):
         raise ResourcesError(f"{key} must be one of {known} (or kubernetes/CONTEXT), got {format_value(value)}")
     base, sep, context = value.strip().partition("/")
     base = base.strip().lower()
     if base in OTHER_CLOUDS:
         return base, None  # its region/zone part means nothing here
-    if base not in KNOWN_INFRA:
+    if base not in registry.spellings():
         raise ResourcesError(
             f"{key} must be one of {known} (or kubernetes/CONTEXT) or a SkyPilot cloud such as aws, "
-            f"got {format_value(value)}{_did_you_mean(base, (*KNOWN_INFRA, *OTHER_CLOUDS))}"
+            f"got {format_value(value)}{_did_you_mean(base, (*registry.spellings(), *OTHER_CLOUDS))}"
         )
     base = registry.canonical(base)
     if not sep:

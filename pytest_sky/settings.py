@@ -86,7 +86,7 @@ class Option:
         if self.kind is Kind.SWITCH:
             kwargs["action"] = "store_true"
         elif self.kind is Kind.BACKEND:
-            kwargs["choices"] = registry.SPELLINGS
+            kwargs["choices"] = registry.spellings()
         else:
             kwargs["metavar"] = self.metavar
         return kwargs
@@ -96,8 +96,8 @@ class Option:
         if self.kind is Kind.SWITCH:
             return raw is True or (isinstance(raw, str) and raw.strip().lower() in _TRUE)
         if self.kind is Kind.BACKEND:
-            if raw not in registry.SPELLINGS:
-                known = " or ".join(repr(n) for n in registry.NAMES)
+            if raw not in registry.spellings():
+                known = " or ".join(repr(n) for n in registry.names())
                 raise SettingsError(f"{source}={raw!r} is not a backend: use {known}")
             return registry.canonical(str(raw))
         if self.kind in (Kind.WHOLE, Kind.SECONDS):
@@ -115,7 +115,7 @@ OPTIONS: tuple[Option, ...] = (
         "--backend",
         "where clusters run: "
         + "; ".join(f"'{b.name}': {b.summary}" for b in registry.BACKENDS)
-        + f" (default: the task's infra, else {registry.DEFAULT})",
+        + f" (default: the task's infra, else {registry.default()})",
         Kind.BACKEND,
     ),
     Option(
@@ -162,7 +162,7 @@ _BY_NAME = {o.name: o for o in OPTIONS}
 
 @dataclass(frozen=True)
 class Settings:
-    backend: str = registry.DEFAULT
+    backend: str = field(default_factory=registry.default)
     kube_context: str | None = None
     kube_namespace: str | None = None
     kube_image: str | None = None

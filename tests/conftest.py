@@ -38,3 +38,15 @@ def ready_node_image() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTEST_SKY_KUBE_IMAGE", READY_IMAGE)
         yield READY_IMAGE
+
+
+@pytest.fixture
+def memory_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The in-memory backend (tests/fake_backend.py) registered as ``memory``, with a fresh
+    ledger: for lifecycle, plugin and CLI logic that needs no node to exist."""
+    from pytest_sky import registry
+    from tests import fake_backend
+
+    monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, fake_backend.ENTRY))
+    monkeypatch.setattr(fake_backend, "LEDGER", fake_backend.Ledger())
+    yield fake_backend.LEDGER

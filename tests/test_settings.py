@@ -185,11 +185,9 @@ def test_the_header_shows_only_the_chosen_backends_settings() -> None:
 
 def test_the_registry_is_the_one_list_of_backends() -> None:
     from pytest_sky import registry
-    from pytest_sky.resources import KNOWN_INFRA
-
-    assert registry.NAMES == ("local", "kubernetes")
+    assert registry.names() == ("local", "kubernetes")
+    assert registry.spellings() == ("local", "kubernetes", "k8s")
     assert registry.canonical("k8s") == "kubernetes"
-    assert KNOWN_INFRA == registry.SPELLINGS
     assert resolve(environ={"PYTEST_SKY_BACKEND": "k8s"}).backend == "kubernetes"
 
 
@@ -214,4 +212,4 @@ def test_a_backend_whose_client_is_not_installed_is_one_line_naming_the_package(
     )
     with pytest.raises(BackendUnavailableError) as info:
         get_backend("nowhere")
-    assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, k8s"
+    assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, faraway, k8s"
