@@ -120,7 +120,12 @@ def mptc_importable() -> str | None:
 
 
 class PeerError(RuntimeError):
-    pass
+    """A peer's trial failed; ``timed_out`` when it was killed at its budget (the caller then
+    skips larger sizes rather than paying the budget again)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -180,7 +185,7 @@ def child(args: list[str], timeout: float, env: dict[str, str] | None = None) ->
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         proc.communicate()
-        raise PeerError(f"did not finish within {timeout:.0f} s (killed)") from None
+        raise PeerError(f"did not finish within {timeout:.0f} s (killed)", timed_out=True) from None
     finally:
         _kill_group(proc)
         try:  # the child is gone; anything it left in its session goes too
@@ -285,7 +290,7 @@ def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Serie
                     r = ray_trial(n, plan.ray_budget)
                 except PeerError as exc:
                     ray_up.notes[n] = f"Ray trial failed: {exc}"
-                    ray_gave_up = "did not finish" in str(exc)
+                    ray_gave_up = exc.timed_out
                 else:
                     ray_down.add(n, r["down"])
                     if r["capped"] or r["up"] is None:
