@@ -56,8 +56,8 @@ def wait_for_banners(
                     failed[i] = f"connect to {addresses[i][0]}:{addresses[i][1]}: {errno.errorcode.get(rc, rc)}"
                     continue
                 heapq.heappush(retry, (now + delay, min(delay * 2, 0.02), i))
-            if now >= deadline:
-                break
+            if now >= deadline or not (retry or sel.get_map()):
+                break  # out of time, or every address has answered or failed: nothing to wait for
             wake = min(retry[0][0] if retry else deadline, deadline)
             for key, _ in sel.select(timeout=max(0.0, wake - time.monotonic())):
                 _answered(key, sel, retry, failed, addresses, on_ready)
