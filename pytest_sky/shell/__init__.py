@@ -50,5 +50,4 @@ def script(name: str) -> str:
     Read through this module's loader, which is a zipimporter inside the agent's bundle and
     the file system elsewhere: ``importlib.resources`` would do the same at the cost of
     importing ``pathlib`` and ``zipfile`` on every run of the agent."""
-    loader = __spec__.loader  # type: ignore[name-defined]
-    return loader.get_data(os.path.join(os.path.dirname(__file__), name)).decode()
+    return __loader__.get_data(os.path.join(os.path.dirname(__file__), name)).decode()
