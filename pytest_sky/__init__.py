@@ -5,20 +5,22 @@ The public contract (DESIGN.md section 2) is what this module exports.
 A run, by module: ``cluster.Cluster.run`` builds a ``protocol.RunSpec`` and hands it to
 ``runner.AgentClient``, which execs the agent (``agent``, shipped by ``bootstrap`` as a
 zipapp) on the head over one SSH connection; the agent fans the ranks out to the workers
-over head-to-worker SSH and streams ``protocol`` events back, which the runner turns into
-the ``RunResult``.  Before that, ``lifecycle.provision`` had a backend (``backends.local``,
+over head-to-worker SSH (``agent.fanout``, each rank under the bash supervisor that
+``agent.rank`` reads from ``shell``) and streams ``protocol`` events back, which the runner
+turns into the ``RunResult``.  Before that, ``lifecycle.provision`` had a backend (``backends.local``,
 ``backends.kubernetes``) create the nodes and return a ``cluster_info.ClusterInfo``.
 
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, protocol, cluster_info, console, registry: leaves (registry imports only errors)
+0. errors, naming, procs, protocol, cluster_info, console, shell, registry: leaves (registry imports
+   only errors)
 1. resources, task, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_proxy
 3. backends.base, backends.netlink, backends.confine, backends.nodeinit, backends.privileges, backends.netns,
    backends.nfdelay, backends.kube_policy, backends.kube_manifests: the backend interface and its parts
 4. backends.local, backends.kubernetes, backends
-5. agent, bootstrap: what goes onto the nodes
+5. agent.records, agent.rank, agent.fanout, agent.control, agent, bootstrap: what goes onto the nodes
 6. runner, job: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster: the handle

@@ -7,9 +7,10 @@ Every node gets the cluster key and a copy of the agent before its sshd starts
 ``known_hosts`` (:func:`peer_files`: head -> worker works, and so does worker -> worker,
 which mpirun's tree spawn uses).
 
-The agent travels as one zipapp, ``~/.sky/agent.pyz`` (:func:`agent_bundle`): ``agent`` and
-the stdlib-only modules it imports (``protocol``, ``naming``, ``procs``), generated from this
-package on every launch, so the head always runs the same protocol as the client.
+The agent travels as one zipapp, ``~/.sky/agent.pyz`` (:func:`agent_bundle`): the ``agent``
+package, the stdlib-only modules it imports (``protocol``, ``naming``, ``procs``, ``shell``)
+and the scripts it runs, generated from this package on every launch, so the head always
+runs the same protocol as the client.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+from pytest_sky import shell
 from pytest_sky.backends.base import HomeFiles
 from pytest_sky.cluster_info import NodeInfo
 from pytest_sky.ssh import config as ssh_config
@@ -28,10 +30,22 @@ from pytest_sky.ssh.keys import ClusterKeys, known_host_keys, known_hosts_lines,
 from pytest_sky.ssh.keys import load as load_key
 
 #: Where the agent lives in a node's home (a home file), and how a command line names it.
-AGENT_FILE = ".sky/agent.pyz"
+AGENT_FILE = ".sky/" + shell.AGENT_BUNDLE
 AGENT_PATH = "~/" + AGENT_FILE
 #: The agent and the stdlib-only modules it imports: one zipapp, generated, never copied by hand.
-AGENT_MODULES = ("agent", "naming", "procs", "protocol")
+AGENT_MODULES = (
+    "agent",
+    "agent.control",
+    "agent.fanout",
+    "agent.rank",
+    "agent.records",
+    "naming",
+    "procs",
+    "protocol",
+    "shell",
+)
+#: The scripts the agent reads from its bundle (:func:`pytest_sky.shell.script`).
+AGENT_DATA = ("shell/" + shell.RANK_SUPERVISOR,)
 #: The bundle's entry; its ``pytest_sky/__init__.py`` is empty (the package's own imports
 #: everything, on a node that has none of it).
 AGENT_MAIN = b"from pytest_sky.agent import entry\n\nentry()\n"
@@ -57,14 +71,17 @@ def agent_bundle() -> bytes:
     from pytest_sky.state import home
 
     package = Path(__file__).parent
-    sources = {f"pytest_sky/{m}.py": (package / f"{m}.py").read_bytes() for m in AGENT_MODULES}
-    key = hashlib.sha256(repr((sys.version, sys.executable, sorted(sources.items()))).encode()).hexdigest()[:16]
+    sources = {f"pytest_sky/{path}": (package / path).read_bytes() for path in map(module_path, AGENT_MODULES)}
+    data = {f"pytest_sky/{path}": (package / path).read_bytes() for path in AGENT_DATA}
+    key = hashlib.sha256(
+        repr((sys.version, sys.executable, sorted(sources.items()), sorted(data.items()))).encode()
+    ).hexdigest()[:16]
     cached = home() / "cache" / f"agent-{key}.pyz"
     try:
         return cached.read_bytes()
     except OSError:
         pass
-    bundle = _build_bundle(sources)
+    bundle = _build_bundle(sources, data)
     cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
     tmp.write_bytes(bundle)
@@ -72,8 +89,14 @@ def agent_bundle() -> bytes:
     return bundle
 
 
-def _build_bundle(sources: dict[str, bytes]) -> bytes:
-    members = {"__main__.py": AGENT_MAIN, "pytest_sky/__init__.py": b"", **sources}
+def module_path(module: str) -> str:
+    """Where module ``module`` of this package (``"agent.rank"``) lies, relative to it."""
+    path = module.replace(".", "/")
+    return f"{path}/__init__.py" if (Path(__file__).parent / path).is_dir() else f"{path}.py"
+
+
+def _build_bundle(sources: dict[str, bytes], data: dict[str, bytes]) -> bytes:
+    members = {"__main__.py": AGENT_MAIN, "pytest_sky/__init__.py": b"", **sources, **data}
     members.update({name + "c": pyc for name, pyc in _bytecode(sources).items()})
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as bundle:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from pytest_sky import bootstrap, console, lifecycle
+from pytest_sky import bootstrap, console, lifecycle, shell
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
@@ -382,47 +382,9 @@ class Cluster:
 # ------------------------------------------------------------------------------ shared clusters
 
 # Run on every node between two tests that share a cluster, after every job was cancelled:
-# what is left of an earlier job is killed, then whatever still lives is printed and the
-# check fails.  "Of a job" is the account the rank supervisor keeps (agent.RANK_SUPERVISOR):
-# a process carrying a job's PSKY_JOB_SCOPE token, a process in a ``psky-job-*`` cgroup, a
-# rank supervisor (``psky-rank``) or an agent process (``agent.pyz``), the check's own
-# (its token, its cgroup, its ancestors) aside.  sshd and the head's SSH masters to the
-# workers are the cluster's own and stay.
-LEFTOVER_CHECK = r"""
-me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r=
-while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
-mine=" " p=$$
-while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:\s*//p' /proc/$p/status 2>/dev/null); done
-leftovers() {
-  pids= groups=
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}; case "$mine" in *" $p "*) continue ;; esac
-    hit=
-    while IFS= read -r -d '' kv; do
-      case $kv in PSKY_JOB_SCOPE=*) [ "$kv" = "PSKY_JOB_SCOPE=$me" ] || hit=1; break ;; esac
-    done 2>/dev/null <"$d/environ"
-    while IFS= read -r -d '' a; do
-      case $a in psky-rank | *agent.pyz) hit=1; break ;; esac
-    done 2>/dev/null <"$d/cmdline"
-    [ -z "$hit" ] || pids="$pids $p"
-  done
-  [ -n "$r" ] || return 0
-  for cg in "$r"/psky-job-*; do
-    [ -d "$cg" ] && [ "/${cg#"$r"/}" != "$own" ] || continue
-    if grep -q 'populated 1' "$cg/cgroup.events" 2>/dev/null; then groups="$groups $cg"
-    else rmdir "$cg" 2>/dev/null; fi
-  done
-}
-leftovers
-[ -n "$pids$groups" ] || exit 0
-for cg in $groups; do echo 1 >"$cg/cgroup.kill"; done 2>/dev/null
-[ -z "$pids" ] || kill -KILL $pids 2>/dev/null
-i=0; while leftovers; [ -n "$pids$groups" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
-[ -n "$pids$groups" ] || exit 0
-for p in $pids; do echo "left: pid $p: $(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null)"; done
-for cg in $groups; do echo "left: cgroup ${cg#"$r"/} still holds processes"; done
-exit 1
-"""
+# kills what is left of an earlier job and fails on whatever survives (the script says how
+# it tells a job's processes apart).
+LEFTOVER_CHECK = shell.script(shell.LEFTOVER_CHECK)
 
 
 def reset_for_next_test(cluster: Cluster) -> None:

@@ -2,7 +2,7 @@
 # Everything pytest-sky's tests need, on a fresh Debian 12 machine as root. Safe to re-run:
 # it installs only what is missing.
 #   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
-#     scripts call it; nodes see this machine's files)
+#     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py)
 #   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
 #     NeMo (the [nemo] extra: the smoke suite trains a NeMo model across nodes on CPU)
 set -euo pipefail
@@ -19,6 +19,7 @@ fi
 declare -A NEED=(
   [sshd]=openssh-server [ssh]=openssh-client [ip]=iproute2 [unshare]=util-linux
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables [sudo]=sudo
+  [shellcheck]=shellcheck
 )
 missing=()
 for tool in "${!NEED[@]}"; do

@@ -119,7 +119,7 @@ def test_a_rank_told_to_stop_before_it_even_waits_is_stopped():
     within the grace, not run to its end.  (Run here on this host, as on any machine.)"""
     import subprocess
 
-    from pytest_sky.agent import RANK_SUPERVISOR
+    from pytest_sky.agent.rank import RANK_SUPERVISOR
 
     start = time.monotonic()
     proc = subprocess.run(

@@ -185,7 +185,7 @@ def test_job_and_runner_do_not_know_the_cluster() -> None:
 def test_the_bundle_holds_every_project_module_the_agent_imports() -> None:
     bundled = {f"pytest_sky.{m}" for m in bootstrap.AGENT_MODULES}
     for module in bootstrap.AGENT_MODULES:
-        imported = {m for m in _imports(PACKAGE / f"{module}.py") if m.startswith("pytest_sky")}
+        imported = {m for m in _imports(PACKAGE / bootstrap.module_path(module)) if m.startswith("pytest_sky")}
         assert imported <= bundled | {"pytest_sky"}, module
     assert {m for m in _imports(PACKAGE / "protocol.py") if m.startswith("pytest_sky")} == set()
 

@@ -124,16 +124,16 @@ def test_a_job_that_ended_while_its_dead_agent_was_looked_for_keeps_its_own_erro
     written its last record (why the job failed: a rank) and exited in between.  That record
     stays; only a job still RUNNING becomes "the job's agent died" (under load an evicted
     worker's job once said the agent died instead of naming rank 2)."""
-    from pytest_sky import agent
+    from pytest_sky.agent import records
     from pytest_sky.protocol import JobRecord
 
-    monkeypatch.setattr(agent, "_RECORDS", {})
+    monkeypatch.setattr(records, "_RECORDS", {})
     job_dir = tmp_path / "7"
     job_dir.mkdir()
     ended = JobRecord(id=7, status=JobStatus.FAILED, error="rank 2 (worker2) exited 137")
     (job_dir / "status.json").write_text(ended.encode())
-    assert agent._died(str(job_dir)).error == "rank 2 (worker2) exited 137"
+    assert records.died(str(job_dir)).error == "rank 2 (worker2) exited 137"
     assert "rank 2" in (job_dir / "status.json").read_text()
 
     (job_dir / "status.json").write_text(JobRecord(id=7, status=JobStatus.RUNNING, pid=999999).encode())
-    assert agent._died(str(job_dir)).error == "the job's agent died"
+    assert records.died(str(job_dir)).error == "the job's agent died"

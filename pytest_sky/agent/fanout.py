@@ -1,0 +1,119 @@
+"""A job across its ranks: setup on every node, then run, the first failure stopping the rest.
+
+The head starts every rank of a phase at once (:class:`~pytest_sky.agent.rank.Rank`: its
+own locally, the workers' over head-to-worker SSH), watches each from a thread of its own,
+and closes every other rank's lifeline when one fails or the job is cancelled.  Each rank's
+environment is SkyPilot's: its variables, then the task's envs, then the node's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pytest_sky.agent.rank import SETUP_UNSET, STOP_GRACE_SECONDS, Rank
+from pytest_sky.agent.records import Emitter, update
+from pytest_sky.protocol import DoneEvent, ExitEvent, JobRecord, JobStatus, NodeRef, PhaseEvent, RunSpec, to_json
+
+
+def _rank_envs(spec: RunSpec, task_id: str):
+    """Each phase's environment of a rank: SkyPilot's variables, the task's envs, the node's."""
+    ips = "\n".join(n.ip for n in spec.nodes)
+    gpus = str(spec.gpus_per_node)
+    base = dict(spec.env)
+    base["SKYPILOT_TASK_ID"] = task_id
+    base["SKYPILOT_CLUSTER_INFO"] = to_json(spec.cluster_info, ", ", ": ")
+    base["SKYPILOT_NUM_NODES"] = str(spec.num_nodes)
+
+    def with_node(env: dict, node: NodeRef, leave_out: tuple[str, ...] = ()) -> dict:
+        # The backend's per-node values (CUDA_VISIBLE_DEVICES) yield to the task's own envs.
+        for key, value in node.env.items():
+            if key not in base and key not in leave_out:
+                env[key] = value
+        return env
+
+    def setup_env(node: NodeRef) -> dict:
+        env = dict(base)
+        env.update(
+            SKYPILOT_SETUP_NODE_IPS=ips,
+            SKYPILOT_SETUP_NODE_RANK=str(node.rank),
+            SKYPILOT_SETUP_NUM_GPUS_PER_NODE=gpus,
+        )
+        return with_node(env, node, leave_out=SETUP_UNSET)
+
+    def run_env(node: NodeRef) -> dict:
+        env = dict(base)
+        env.update(SKYPILOT_NODE_IPS=ips, SKYPILOT_NODE_RANK=str(node.rank), SKYPILOT_NUM_GPUS_PER_NODE=gpus)
+        return with_node(env, node)
+
+    return setup_env, run_env
+
+
+def _run_phase(
+    phase: str,
+    script: str,
+    spec: RunSpec,
+    env_for,
+    emitter: Emitter,
+    cancelled: threading.Event,  # noqa: F821
+) -> tuple[list[int], int, str | None]:
+    """Run one phase on every rank; the first failure stops the others."""
+    import threading
+
+    ranks = [Rank(node, spec, phase, script, env_for(node), emitter) for node in spec.nodes]
+    first_failure: list[Rank] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    remaining = [len(ranks)]
+
+    def watch(r: Rank) -> None:
+        code = r.wait()
+        emitter.event(ExitEvent(r.rank, code, phase, round(time.time(), 3)))
+        with lock:
+            if code != 0 and not first_failure and not cancelled.is_set():
+                first_failure.append(r)
+                for other in ranks:
+                    if other is not r:
+                        other.stop()
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+
+    for r in ranks:
+        threading.Thread(target=watch, args=(r,), daemon=True).start()
+    while not done.wait(0.2):
+        if cancelled.is_set():
+            for r in ranks:
+                r.stop()
+            break
+    done.wait(STOP_GRACE_SECONDS + 10)
+    for r in ranks:
+        if r.proc.poll() is None:
+            r.proc.kill()
+    codes = [r.code if r.code is not None else 137 for r in ranks]
+    if cancelled.is_set() and not first_failure:
+        return codes, 130, "the run was interrupted: every rank was stopped"
+    if first_failure:
+        return codes, *first_failure[0].failure(phase)
+    return codes, 0, None
+
+
+def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled) -> JobRecord:
+    """Run setup then run on every rank; record and return the job's final status."""
+    update(job_dir, status=JobStatus.RUNNING, pid=os.getpid(), started=time.time())
+    setup_env, run_env = _rank_envs(spec, record.task_id)
+    returncode, error, codes = 0, None, [0] * spec.num_nodes
+    for phase, script, env_for in (("setup", spec.setup, setup_env), ("run", spec.run, run_env)):
+        if not script or cancelled.is_set():
+            continue
+        emitter.event(PhaseEvent(phase))
+        codes, returncode, error = _run_phase(phase, script, spec, env_for, emitter, cancelled)
+        if error:
+            break
+    if cancelled.is_set() and returncode == 0 and not error:
+        returncode, error = 130, "the job was cancelled before it ran"
+    status = JobStatus.SUCCEEDED
+    if returncode != 0:
+        status = JobStatus.CANCELLED if cancelled.is_set() else JobStatus.FAILED
+    emitter.event(DoneEvent(returncode, status, error, codes))
+    return update(job_dir, status=status, returncode=returncode, error=error, ended=time.time())

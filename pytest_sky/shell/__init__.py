@@ -1,0 +1,53 @@
+"""The bash that runs on the nodes, and the names it shares with Python.
+
+Scripts live beside this module as ``.sh`` files (so that ``shellcheck`` reads them whole)
+and are read at run time by :func:`script`: from the package on the client, and from the
+agent's zipapp on a node, which bundles the ones the agent runs (``bootstrap.AGENT_DATA``).
+
+A script and the Python around it must agree on a few names: what a rank supervisor prints
+before anything else, the cgroup and environment token that mark a job's processes, what
+the leftover check looks for on a node.  Each is named once, here; the scripts spell them
+literally (so they read and run on their own) and ``tests/test_shell.py`` holds every such
+spelling in every script to these constants.
+
+Shipped inside the node agent (``python -I -S``): stdlib only, and nothing but ``os`` at
+import time.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: The agent's zipapp as a node's home holds it (``~/.sky/agent.pyz``) and as a command line
+#: names it: the leftover check tells an agent process by it.
+AGENT_BUNDLE = "agent.pyz"
+#: ``$0`` of a rank supervisor (``bash -c SUPERVISOR psky-rank PROGRAM``): the leftover check
+#: tells a supervisor by it.
+RANK_ARGV0 = "psky-rank"
+#: ``$0`` of the bash that a supervisor starts in a session of its own to run the rank.
+RUN_ARGV0 = "psky-run"
+#: The first line a supervisor prints, followed by the pid of the rank's session leader.
+PID_MARK = "PSKY-PID"
+#: The environment variable that carries a job's token to each of its processes (where
+#: cgroups are read-only), and the leftover check's own token.
+JOB_SCOPE_VAR = "PSKY_JOB_SCOPE"
+#: How a job's token starts (``psky-<supervisor pid>-<random>``).
+JOB_SCOPE_PREFIX = "psky-"
+#: How the name of a job's cgroup starts (``psky-job-<supervisor pid>``).
+CGROUP_PREFIX = "psky-job-"
+
+#: Every name above: what the scripts may spell.
+MARKERS = (AGENT_BUNDLE, RANK_ARGV0, RUN_ARGV0, PID_MARK, JOB_SCOPE_VAR, JOB_SCOPE_PREFIX, CGROUP_PREFIX)
+
+#: The scripts, by file name.
+RANK_SUPERVISOR = "rank_supervisor.sh"
+LEFTOVER_CHECK = "leftover_check.sh"
+
+
+def script(name: str) -> str:
+    """The text of the script ``name`` of this directory.
+
+    Read through this module's loader, which is a zipimporter inside the agent's bundle and
+    the file system elsewhere: ``importlib.resources`` would do the same at the cost of
+    importing ``pathlib`` and ``zipfile`` on every run of the agent."""
+    return __loader__.get_data(os.path.join(os.path.dirname(__file__), name)).decode()

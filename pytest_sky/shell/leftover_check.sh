@@ -1,0 +1,47 @@
+#!/bin/bash
+# Run as a task on every node between two tests that share a cluster, after every job was
+# cancelled (pytest_sky/cluster.py, reset_for_next_test): what is left of an earlier job is
+# killed, then whatever still lives is printed ("left: ...") and the check exits 1.
+#
+# "Of a job" is the account the rank supervisor keeps (rank_supervisor.sh): a process
+# carrying a job's PSKY_JOB_SCOPE token, a process in a psky-job-* cgroup, a rank
+# supervisor (psky-rank) or an agent process (agent.pyz), the check's own (its token, its
+# cgroup, its ancestors) aside.  sshd and the head's SSH masters to the workers are the
+# cluster's own and stay.
+#
+# The names shared with Python are pytest_sky.shell's constants; tests/test_shell.py checks
+# the spelling here.
+me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r=''
+while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
+mine=" " p=$$
+while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:\s*//p' "/proc/$p/status" 2>/dev/null); done
+leftovers() {
+  pids='' groups=''
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}; case "$mine" in *" $p "*) continue ;; esac
+    hit=
+    while IFS= read -r -d '' kv; do
+      case $kv in PSKY_JOB_SCOPE=*) [ "$kv" = "PSKY_JOB_SCOPE=$me" ] || hit=1; break ;; esac
+    done 2>/dev/null <"$d/environ"
+    while IFS= read -r -d '' a; do
+      case $a in psky-rank | *agent.pyz) hit=1; break ;; esac
+    done 2>/dev/null <"$d/cmdline"
+    [ -z "$hit" ] || pids="$pids $p"
+  done
+  [ -n "$r" ] || return 0
+  for cg in "$r"/psky-job-*; do
+    if [ ! -d "$cg" ] || [ "/${cg#"$r"/}" = "$own" ]; then continue; fi
+    if grep -q 'populated 1' "$cg/cgroup.events" 2>/dev/null; then groups="$groups $cg"
+    else rmdir "$cg" 2>/dev/null; fi
+  done
+}
+leftovers
+[ -n "$pids$groups" ] || exit 0
+for cg in $groups; do echo 1 >"$cg/cgroup.kill"; done 2>/dev/null
+# shellcheck disable=SC2086  # $pids is a list of pids, one word each
+[ -z "$pids" ] || kill -KILL $pids 2>/dev/null
+i=0; while leftovers; [ -n "$pids$groups" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+[ -n "$pids$groups" ] || exit 0
+for p in $pids; do echo "left: pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"; done
+for cg in $groups; do echo "left: cgroup ${cg#"$r"/} still holds processes"; done
+exit 1

@@ -1,0 +1,72 @@
+#!/bin/bash
+# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM, run by the
+# agent on the head (pytest_sky/agent/rank.py) locally for rank 0 and over head-to-worker
+# SSH for the others.  A Python supervisor cost ~30 ms of interpreter start per node per
+# run, this costs ~3.
+#
+# PROGRAM runs in a session of its own, which prints its pid before anything else, even
+# when told to stop at once (a SIGTERM before that line is held until it is out, then
+# honoured); the supervisor waits and exits with PROGRAM's status.
+#
+# The job owns every process it starts, on every node, whatever sessions they make and
+# whoever their parent is.  The kernel keeps that account: PROGRAM enters a cgroup of its
+# own (a child of the node's, where cgroup2 is mounted writable, as on local nodes) before
+# it runs.  Where cgroups are read-only (a Kubernetes pod), every process is told apart by a
+# token in its environment, inherited across setsid, daemonising and reparenting alike.
+#
+# stdin is the lifeline: when the head closes it (the run failed elsewhere, timed out, was
+# cancelled, or the client went away) every process of the job gets SIGTERM, a grace to
+# stop its own children (torchrun stops its workers), then SIGKILL: cgroup.kill, one write.
+# The lifeline's reader does that itself, so it happens however early the head lets go
+# (even before the supervisor waits); it tells the supervisor first (USR1), which then
+# leaves the stopping to it.  Whatever PROGRAM leaves running when it ends is killed at once.
+#
+# The names shared with Python (the pid line, the token's variable, the cgroup's name) are
+# pytest_sky.shell's constants; tests/test_shell.py checks the spelling here.
+exec 3<&0
+stop=
+trap stop=1 USR1
+cg='' r=''
+while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
+[ -n "$r" ] && mkdir "$r/psky-job-$$" 2>/dev/null && cg=$r/psky-job-$$
+tag=psky-$$-$RANDOM$RANDOM
+members() {  # the job's live processes, the script's own first (even before it has exec'd)
+  m=
+  if [ -d "$cg" ]; then IFS= read -r -d '' m <"$cg/cgroup.procs"
+  else
+    for d in /proc/[0-9]*; do
+      while IFS= read -r -d '' kv; do
+        [ "$kv" = "PSKY_JOB_SCOPE=$tag" ] && { m="$m ${d#/proc/}"; break; }
+      done 2>/dev/null <"$d/environ"
+    done
+  fi
+  case " $m " in *" $pid "*) ;; *) ! kill -0 "$pid" 2>/dev/null || m="$pid $m" ;; esac
+}
+signal() {  # each process once (a second SIGTERM would cut its handler short)
+  [ "$1" = KILL ] && [ -d "$cg" ] && echo 1 >"$cg/cgroup.kill" && return
+  members
+  # shellcheck disable=SC2086  # $m is a list of pids, one word each
+  [ -z "$m" ] || kill -"$1" $m
+  [ "$1" != KILL ] || kill -KILL -- -"$pid"
+}
+settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
+# shellcheck disable=SC2016  # the session's own script: it expands there, not here
+PSKY_JOB_SCOPE=$tag setsid /bin/bash -c 'trap t=1 TERM
+[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
+echo "PSKY-PID $$"; trap - TERM; [ -z "$t" ] || exit 143; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
+pid=$!
+[ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
+{ while read -r _; do :; done; kill -USR1 $$; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
+life=$!
+exec 3<&-
+{
+wait "$pid"; code=$?
+if [ -n "$stop" ]; then
+  wait "$life"
+  [ "$code" -le 128 ] || { wait "$pid"; code=$?; }
+else
+  signal KILL; settle 100; kill "$life"
+fi
+[ -z "$cg" ] || rmdir "$cg"
+} >/dev/null 2>&1
+exit "$code"
