@@ -50,4 +50,17 @@ def script(name: str) -> str:
     Read through this module's loader, which is a zipimporter inside the agent's bundle and
     the file system elsewhere: ``importlib.resources`` would do the same at the cost of
     importing ``pathlib`` and ``zipfile`` on every run of the agent."""
-    return __loader__.get_data(os.path.join(os.path.dirname(__file__), name)).decode()
+    text = __loader__.get_data(os.path.join(os.path.dirname(__file__), name)).decode()
+    return _without_header(text)
+
+
+def _without_header(text: str) -> str:
+    """The script less its opening comment block: that block explains the script to a reader
+    of the file, and would otherwise travel on every rank's command line (2 KB per worker,
+    in every ``ps`` listing of a node).  Only the header goes: a ``#`` further down may be
+    inside a quoted string."""
+    lines = text.splitlines(keepends=True)
+    body = 0
+    while body < len(lines) and (lines[body].startswith("#") or not lines[body].strip()):
+        body += 1
+    return "".join(lines[body:])
