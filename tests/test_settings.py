@@ -60,7 +60,7 @@ def test_only_this_module_reads_the_plugins_environment_twins() -> None:
     from pathlib import Path
 
     package = Path(settings.__file__).parent
-    for name in ("plugin.py", "cli.py"):
+    for name in ("plugin.py", "cli/__init__.py", "cli/commands.py"):
         text = (package / name).read_text()
         assert "os.environ.get(ENV_PREFIX" not in text and 'environ.get("PYTEST_SKY_BACKEND' not in text, name
 

@@ -1,0 +1,300 @@
+"""``pytest-sky``: the same clusters as the plugin, by hand (the parser and dispatch; what each
+command does is ``pytest_sky.cli.commands``).
+
+Users debug a failing multi-node test by launching the same cluster, looking at it, going
+onto the head and from there to a worker, rerunning the task and reading the logs.  Every
+command goes through the Python API the plugin uses (``pytest_sky.cluster``); there is no
+second code path.  User errors are one line and exit 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from pytest_sky import console
+from pytest_sky.cli.commands import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    cmd_cancel,
+    cmd_doctor,
+    cmd_down,
+    cmd_exec,
+    cmd_fault,
+    cmd_launch,
+    cmd_logs,
+    cmd_queue,
+    cmd_ssh,
+    cmd_ssh_config,
+    cmd_status,
+    cmd_stress_ssh,
+)
+from pytest_sky.errors import SkyError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line that says where to look, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        console.error(f"{message} (see `{self.prog} --help`)")
+        sys.exit(EXIT_USAGE)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """Where a launched cluster runs (the settings table's flags, as pytest has them), whether
+    its nodes share a directory, what they may do."""
+    from pytest_sky import settings
+
+    for option in settings.OPTIONS:
+        if option.on_cli:
+            p.add_argument(option.flag, dest=option.dest, **option.argparse_kwargs(option.env))
+    p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
+    p.add_argument(
+        "--cap-add",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="a capability the nodes get beyond a pod's (e.g. NET_ADMIN; repeatable), as in a pod's securityContext",
+    )
+    p.add_argument(
+        "--privileged",
+        action="store_true",
+        help="nodes hold every privilege of this machine's root (a task can change this machine); as a privileged pod",
+    )
+
+
+def _add_env_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
+    p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
+    p.add_argument(
+        "--secret", action="append", default=[], metavar="KEY[=VALUE]", help="a secret of the task (never printed)"
+    )
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="pytest-sky",
+        description="Multi-node test clusters by hand: the same clusters and tasks as the pytest plugin.",
+        epilog="examples:\n"
+        "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_IPS'\n"
+        "  pytest-sky ssh dev            # onto the head; then: ssh dev-worker1\n"
+        "  pytest-sky exec dev examples/torch_allreduce/task.yaml\n"
+        "  pytest-sky status\n"
+        "  pytest-sky down dev",
+        formatter_class=fmt,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, epilog="examples:\n" + examples, formatter_class=fmt
+        )
+        p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+        return p
+
+    _add_job_commands(add)
+    _add_node_commands(add)
+    _add_fault_command(add)
+    return parser
+
+
+def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """launch, exec, status, queue, logs, cancel: clusters and the jobs on them."""
+    p = add(
+        "launch",
+        "provision a cluster (or reuse one of that name) and run a task or command on it",
+        "  pytest-sky launch -c dev --num-nodes 2\n"
+        "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_RANK'\n"
+        "  pytest-sky launch -c train examples/torch_allreduce/task.yaml\n"
+        "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting",
+    )
+    p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
+    p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="number of nodes (default: the task's, or 1)")
+    p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
+    p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
+    p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
+    _add_cluster_options(p)
+    p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
+    _add_env_options(p)
+    p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
+    p.set_defaults(func=cmd_launch)
+
+    p = add(
+        "exec",
+        "run a task or command on an existing cluster (a new job)",
+        "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("-d", "--detach", action="store_true", help="submit and return")
+    _add_env_options(p)
+    p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
+    p.set_defaults(func=cmd_exec)
+
+    p = add("status", "list clusters", "  pytest-sky status\n  pytest-sky status --json")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
+    p.add_argument("cluster", metavar="NAME")
+    p.set_defaults(func=cmd_queue)
+
+    p = add(
+        "logs",
+        "show a job's log (the latest job by default)",
+        "  pytest-sky logs dev\n  pytest-sky logs dev 3 --follow",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
+    p.set_defaults(func=cmd_logs)
+
+    p = add("cancel", "stop a job on every node", "  pytest-sky cancel dev 3\n  pytest-sky cancel dev --all")
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
+    p.add_argument("--all", action="store_true", help="every pending or running job")
+    p.set_defaults(func=cmd_cancel)
+
+
+def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """ssh, ssh-config, down, stress-ssh, doctor: reaching nodes and cleaning up."""
+    p = add(
+        "ssh",
+        "open a shell (or run one command) on a node, host keys checked",
+        "  pytest-sky ssh dev\n  pytest-sky ssh dev worker1\n  pytest-sky ssh dev 1 -- nvidia-smi",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("node", nargs="?", metavar="worker1|RANK", help="default: the head")
+    p.set_defaults(func=cmd_ssh, command=[])
+
+    p = add(
+        "ssh-config",
+        "print (or install) the Include line that makes `ssh <cluster>` work",
+        "  pytest-sky ssh-config\n  pytest-sky ssh-config --install",
+    )
+    p.add_argument("--install", action="store_true", help="add it to ~/.ssh/config once (with a backup)")
+    p.set_defaults(func=cmd_ssh_config)
+
+    p = add(
+        "down",
+        "tear clusters down (also clusters whose owner died)",
+        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("--all", action="store_true", help="every cluster in the state directory")
+    p.add_argument(
+        "--purge",
+        action="store_true",
+        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
+    )
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
+    p.set_defaults(func=cmd_down)
+
+    p = add(
+        "stress-ssh",
+        "the smoke suite's SSH concurrency check: N parallel `ssh <cluster> echo hi`, R rounds",
+        "  pytest-sky stress-ssh dev\n  pytest-sky stress-ssh dev --parallel 40 --rounds 5",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("--parallel", type=_positive_int, default=20, metavar="N")
+    p.add_argument("--rounds", type=_positive_int, default=10, metavar="R")
+    p.set_defaults(func=cmd_stress_ssh)
+
+    p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
+    p.set_defaults(func=cmd_doctor)
+
+
+def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """fault: kill, restart, partition, degrade, heal (and show) on a running cluster."""
+    p = add(
+        "fault",
+        "break a running cluster on purpose (and heal it): nodes and links",
+        "  pytest-sky fault dev kill worker1\n"
+        "  pytest-sky fault dev restart 1 --wipe\n"
+        "  pytest-sky fault dev partition 0,1 2\n"
+        "  pytest-sky fault dev degrade 1 --rate-mbit 100 --loss-pct 1\n"
+        "  pytest-sky fault dev heal\n"
+        "  pytest-sky fault dev status",
+    )
+    p.add_argument("cluster", metavar="NAME")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    q = actions.add_parser("kill", help="crash a node: every process on it dies at once")
+    q.add_argument("node", metavar="worker1|RANK")
+    q = actions.add_parser("restart", help="boot a node again: same name, IP and host key")
+    q.add_argument("node", metavar="worker1|RANK")
+    q.add_argument("--wipe", action="store_true", help="a fresh disk (only provisioning's files)")
+    q = actions.add_parser("partition", help="drop traffic between two groups of ranks (SSH head-worker stays)")
+    q.add_argument("group_a", metavar="RANKS", help="comma-separated, e.g. 0,1")
+    q.add_argument("group_b", metavar="RANKS", help="comma-separated, e.g. 2")
+    q = actions.add_parser("degrade", help="give a node's link latency, loss or a bandwidth cap")
+    q.add_argument("node", metavar="worker1|RANK")
+    q.add_argument("--delay-ms", type=float, default=0.0, metavar="MS")
+    q.add_argument("--jitter-ms", type=float, default=0.0, metavar="MS")
+    q.add_argument("--loss-pct", type=float, default=0.0, metavar="PCT")
+    q.add_argument("--rate-mbit", type=float, default=None, metavar="MBIT")
+    actions.add_parser("heal", help="undo every partition and degradation")
+    actions.add_parser("status", help="show the network faults applied now")
+    p.set_defaults(func=cmd_fault)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    remote: list[str] | None = None
+    if "--" in argv:
+        # `... -- COMMAND...`: the command is the nodes', never ours to parse (options included).
+        cut = argv.index("--")
+        argv, remote = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    if remote is not None:
+        if getattr(args, "subcommand", None) == "ssh":
+            args.command = remote
+        elif getattr(args, "subcommand", None) in ("launch", "exec") and not args.task:
+            args.task = remote
+        else:
+            parser.error(f"unexpected `-- {' '.join(remote)}`")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    console.enable(True)
+    try:
+        return int(args.func(args))
+    except SkyError as exc:
+        if args.debug:
+            raise
+        console.error(str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        console.error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `pytest-sky status --json | head`: the reader left; that is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
