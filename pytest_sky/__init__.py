@@ -15,7 +15,7 @@ a circle), which ``tests/test_layering.py`` checks:
 
 0. errors, naming, procs, protocol, cluster_info, console, shell, registry: leaves (registry imports
    only errors)
-1. resources, task, gpus, settings, state: what the user asks for, and what is on disk
+1. resources, task_file, task, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_proxy
 3. backends.base, backends.netlink, backends.confine, backends.nodeinit, backends.privileges, backends.netns,
    backends.nfdelay, backends.kube_policy, backends.kube_manifests: the backend interface and its parts
