@@ -267,9 +267,10 @@ class KubernetesBackend(Backend):
         """
         from urllib3.exceptions import HTTPError
 
-        if not KubeRecord.load(journal).pods:
+        record = KubeRecord.load(journal)
+        if not record.pods:
             return
-        record = self._adopt(journal)
+        self.client.adopt(record)
         self.client.api()
         try:
             owned = self.ownership.owned(name, record)
