@@ -505,7 +505,9 @@ def require_on_nodes(
         return
     what = ", ".join(missing)
     if cluster.backend == "kubernetes":
-        image = cluster.journal.load().get("image") or "(unknown)"
+        from pytest_sky.backends import get_backend
+
+        image = get_backend(cluster.backend).node_image(cluster.journal) or "(unknown)"
         extra = "" if NODE_IMAGE_HAS.issuperset(missing) else f" with {install or what} added"
         pytest.skip(
             f"image {image} has no {what} on the nodes: "

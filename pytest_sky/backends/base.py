@@ -161,6 +161,11 @@ class Backend(ABC):
         """How ``degrade`` is carried out here: "netem", "tbf+iptables+nfqueue" or "none"."""
         return "none"
 
+    def node_image(self, journal: Journal) -> str | None:
+        """The image the nodes run, as the journal recorded it; None where nodes run no image
+        (the local backend's run this machine's software)."""
+        return None
+
     def leftovers(self, name: str, journal: Journal) -> str:
         """What of the cluster may still exist, and where, when its record is forgotten
         without ``destroy`` succeeding (``pytest-sky down --purge``); read from the journal."""

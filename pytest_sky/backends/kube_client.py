@@ -1,0 +1,167 @@
+"""The connection to one kube context's API server, and the one module of the backend that
+imports the kubernetes client.
+
+Which context and namespace are used is settled the way kubectl settles it (KUBECONFIG, the
+kubeconfig's current context and its namespace, else the pod's service account), once, on
+the first request: nothing is read from disk or the network when the backend is built.
+Everything else of the backend reaches the API server through a :class:`KubeClient`, and
+catches :data:`ApiException` from here.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
+
+from pytest_sky.backends.kube_journal import KubeRecord
+from pytest_sky.errors import BackendUnavailableError
+from pytest_sky.ssh import kube_proxy
+
+__all__ = ["ApiException", "CoreV1Api", "KubeClient"]
+
+#: Where a pod finds its own namespace (in-cluster configuration).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+IN_CLUSTER = "in-cluster"
+
+
+class KubeClient:
+    """One kube context and namespace, and the API objects that talk to them."""
+
+    def __init__(self, context: str | None = None, namespace: str | None = None, kubeconfig: str | None = None):
+        self.context = context or None
+        self.requested_namespace = namespace or None
+        # KUBECONFIG is Kubernetes' own convention, read as kubectl reads it.
+        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+        self.namespace = self.requested_namespace or "default"
+        self.in_cluster = False
+        self._api: CoreV1Api | None = None
+        self._cfg: client.Configuration | None = None
+
+    def api(self) -> CoreV1Api:
+        if self._api is not None:
+            return self._api
+        cfg = client.Configuration()
+        path = self.kubeconfig or os.path.expanduser("~/.kube/config")
+        if os.path.exists(path.split(os.pathsep)[0]):
+            self._load_kubeconfig(cfg, path)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            self._load_in_cluster(cfg)
+        else:
+            raise BackendUnavailableError(
+                f"no Kubernetes configuration: {path} does not exist and this is not a pod; "
+                "set KUBECONFIG or run `kubectl config use-context ...`"
+            )
+        self._cfg = cfg
+        self._api = CoreV1Api(client.ApiClient(cfg))
+        return self._api
+
+    def _load_kubeconfig(self, cfg: client.Configuration, path: str) -> None:
+        """The context asked for (else the current one) and its namespace, unless one was asked."""
+        try:
+            contexts, current = config.list_kube_config_contexts(config_file=path)
+        except config.ConfigException as exc:
+            raise BackendUnavailableError(f"cannot read kubeconfig {path}: {exc}") from None
+        names = [c["name"] for c in contexts]
+        if self.context and self.context not in names:
+            raise BackendUnavailableError(
+                f"kube context {self.context!r} is not in {path} (contexts: {', '.join(names) or 'none'}); "
+                "pass --kube-context with one of them"
+            )
+        ctx = next(c for c in contexts if c["name"] == (self.context or current["name"]))
+        self.context = ctx["name"]
+        if not self.requested_namespace:
+            self.namespace = ctx.get("context", {}).get("namespace") or "default"
+        kube_proxy.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
+        self.kubeconfig = path
+
+    def _load_in_cluster(self, cfg: client.Configuration) -> None:
+        config.load_incluster_config(client_configuration=cfg)
+        self.in_cluster = True
+        self.context = IN_CLUSTER
+        if not self.requested_namespace:
+            try:
+                with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+                    self.namespace = f.read().strip() or "default"
+            except OSError:
+                pass
+
+    def stream_api(self) -> CoreV1Api:
+        """A client of its own for each exec or port-forward: the client's ``stream`` swaps its
+        ApiClient's request function while it runs, which breaks any other call sharing it."""
+        self.api()
+        return CoreV1Api(client.ApiClient(self._cfg))
+
+    @property
+    def server(self) -> str:
+        """The API server's address ("" before the first request)."""
+        return getattr(self._cfg, "host", "")
+
+    def adopt(self, record: KubeRecord) -> None:
+        """Talk to the cluster a journal names (context, kubeconfig, namespace): a later
+        process's backend (the reaper's, the CLI's) was built without them."""
+        if record.context and record.context != IN_CLUSTER:
+            self.context = record.context
+            self.kubeconfig = record.kubeconfig or self.kubeconfig
+        self.namespace = record.namespace or self.namespace
+
+    def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
+        """Run ``command`` in ``pod``'s container: its exit code and its output (stdout and
+        stderr as they came); exit 1 where the exec ended without a status."""
+        resp = stream(
+            self.stream_api().connect_get_namespaced_pod_exec,
+            pod,
+            self.namespace,
+            command=command,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            _preload_content=False,
+        )
+        out = []
+        deadline = time.monotonic() + timeout
+        while resp.is_open() and time.monotonic() < deadline:
+            resp.update(timeout=1)
+            if resp.peek_stdout():
+                out.append(resp.read_stdout())
+            if resp.peek_stderr():
+                out.append(resp.read_stderr())
+        resp.close()
+        code = resp.returncode
+        return (code if code is not None else 1), "".join(out)
+
+    def proxy_command(self, pod: str) -> str:
+        """The ssh ProxyCommand that reaches ``pod``'s sshd by a port-forward."""
+        argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", self.namespace, "--pod", pod]
+        if self.kubeconfig:
+            argv += ["--kubeconfig", self.kubeconfig]
+        if self.context and self.context != IN_CLUSTER:
+            argv += ["--context", self.context]
+        return shlex.join(argv)
+
+    def watch_pods(self, selector: str, version: str, seconds: float) -> tuple[watch.Watch, Any]:
+        """A watch of the pods of ``selector`` from ``version``, for at most ``seconds``: the
+        watch (to stop it) and its stream of events.  Started with ``timeout_seconds``, it
+        gets no 410-Gone retry from the client: an expired version raises ApiException(410)."""
+        w = watch.Watch()
+        events = w.stream(
+            self.api().list_namespaced_pod,
+            self.namespace,
+            label_selector=selector,
+            resource_version=version,
+            timeout_seconds=max(1, int(seconds)),
+        )
+        return w, events
+
+    @staticmethod
+    def delete_options(uid: str, grace_period: int | None = None) -> client.V1DeleteOptions:
+        """Delete only the object of this uid (a same-named replacement is never hit)."""
+        return client.V1DeleteOptions(grace_period_seconds=grace_period, preconditions=client.V1Preconditions(uid=uid))
