@@ -104,6 +104,11 @@ class Cluster:
         return self._record.info
 
     @property
+    def node_image(self) -> str | None:
+        """The container image the nodes run (None: they run this machine's own software)."""
+        return self._backend.node_image(self.journal)
+
+    @property
     def journal(self) -> Journal:
         """What the backend made, as it wrote it down to remove it (its pids, links, pods)."""
         return self._store.journal(self.name)

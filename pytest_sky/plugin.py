@@ -504,10 +504,8 @@ def require_on_nodes(
     if not missing:
         return
     what = ", ".join(missing)
-    if cluster.backend == "kubernetes":
-        from pytest_sky.backends import get_backend
-
-        image = get_backend(cluster.backend).node_image(cluster.journal) or "(unknown)"
+    image = cluster.node_image
+    if image is not None:
         extra = "" if NODE_IMAGE_HAS.issuperset(missing) else f" with {install or what} added"
         pytest.skip(
             f"image {image} has no {what} on the nodes: "

@@ -119,7 +119,7 @@ class KubernetesBackend(Backend):
         return self._gpus_unseen or super().gpus_unseen()
 
     def node_image(self, journal: Journal) -> str | None:
-        return KubeRecord.load(journal).image
+        return KubeRecord.load(journal).image or "(not recorded)"  # pods run an image, named or not
 
     # -- lifecycle -------------------------------------------------------------------------
 
