@@ -39,5 +39,5 @@ def test_the_node_image_comes_from_the_backend_not_its_journal_keys(tmp_path: Pa
     journal = Journal(tmp_path / "backend.json")
     KubeRecord(image="img:2", pods=("c-head",)).save(journal)
     assert KubernetesBackend().node_image(journal) == "img:2"
-    assert KubernetesBackend().node_image(Journal(tmp_path / "none.json")) is None
+    assert KubernetesBackend().node_image(Journal(tmp_path / "none.json")) == "(not recorded)"
     assert LocalBackend().node_image(journal) is None
