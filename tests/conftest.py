@@ -31,7 +31,7 @@ def ready_node_image() -> Iterator[str]:
     models images, and the default one has no sshd and, like a cluster without egress, cannot
     install one.  ``tests/test_kube_images.py`` unsets it to test exactly that."""
     try:
-        from tests.kube_emulator.images import READY_IMAGE
+        from kube_emulator.images import READY_IMAGE
     except ImportError:  # no aiohttp: no emulator, and the Kubernetes tests skip
         yield ""
         return

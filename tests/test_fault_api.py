@@ -275,7 +275,7 @@ def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tm
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
-    from tests.kube_emulator import Emulator
+    from kube_emulator import Emulator
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     with Emulator(nodes=2) as emu:
@@ -320,7 +320,7 @@ def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
-    from tests.kube_emulator import Emulator
+    from kube_emulator import Emulator
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     with Emulator(nodes=2) as emu:

@@ -18,8 +18,8 @@ pytest.importorskip("aiohttp")
 
 from kubernetes import client  # noqa: E402
 
-from tests.kube_emulator import Emulator  # noqa: E402
-from tests.kube_emulator.dns import (  # noqa: E402
+from kube_emulator import Emulator  # noqa: E402
+from kube_emulator.dns import (  # noqa: E402
     Answer,
     Query,
     Question,
@@ -32,7 +32,7 @@ from tests.kube_emulator.dns import (  # noqa: E402
     resolv_conf,
     respond,
 )
-from tests.kube_emulator.store import Store  # noqa: E402
+from kube_emulator.store import Store  # noqa: E402
 from tests.test_kube_emulator import (  # noqa: E402
     api,
     delete_and_wait,

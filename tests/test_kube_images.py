@@ -23,7 +23,7 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 from kubernetes import client
 from kubernetes.stream import stream
 
-from tests.kube_emulator import Emulator, images
+from kube_emulator import Emulator, images
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
 

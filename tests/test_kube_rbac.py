@@ -26,8 +26,8 @@ from pytest_sky.ssh import kube_proxy
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
-from tests.kube_emulator.rbac import (
+from kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
+from kube_emulator.rbac import (
     Authorizer,
     Forbidden,
     Grant,

@@ -20,7 +20,7 @@ from pytest_sky.errors import ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator
+from kube_emulator import Emulator
 
 FAST = 10.0  # seconds from the fault to the launch's error
 

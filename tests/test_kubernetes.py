@@ -18,7 +18,7 @@ from pytest_sky.errors import BackendUnavailableError, ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator, images
+from kube_emulator import Emulator, images
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 

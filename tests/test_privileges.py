@@ -100,7 +100,7 @@ def host_state() -> dict[str, str]:
 def emu():
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
-    from tests.kube_emulator import Emulator
+    from kube_emulator import Emulator
 
     with Emulator(nodes=2) as emu:
         yield emu

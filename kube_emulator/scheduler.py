@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from tests.kube_emulator.selectors import LabelSelector, SelectorError, selector_from_object
+from kube_emulator.selectors import LabelSelector, SelectorError, selector_from_object
 
 GPU = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from tests.kube_emulator.cluster import ApiError
+from kube_emulator.cluster import ApiError
 
 if TYPE_CHECKING:
-    from tests.kube_emulator.cluster import Cluster
-    from tests.kube_emulator.kubelet import PodRuntime
+    from kube_emulator.cluster import Cluster
+    from kube_emulator.kubelet import PodRuntime
 
 log = logging.getLogger(__name__)
 

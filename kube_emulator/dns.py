@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_sky.errors import ProvisionError
 
 if TYPE_CHECKING:
-    from tests.kube_emulator.store import Store
+    from kube_emulator.store import Store
 
 log = logging.getLogger(__name__)
 

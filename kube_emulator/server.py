@@ -2,12 +2,12 @@
 
 One catch-all aiohttp handler parses ``/api/v1/...`` the way the API server's request-info
 resolver does (namespace, resource, name, subresource -> verb), authenticates the bearer
-token, authorizes the verb, and dispatches to :class:`~tests.kube_emulator.cluster.Cluster`.
+token, authorizes the verb, and dispatches to :class:`~kube_emulator.cluster.Cluster`.
 Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
 them into its one-line messages.
 
 Tokens (all in the generated kubeconfig, one context each), authorized by
-:mod:`tests.kube_emulator.rbac` with the real RBAC matching rules: the admin token (random)
+:mod:`kube_emulator.rbac` with the real RBAC matching rules: the admin token (random)
 may do anything (and only it reaches the admin endpoints and fault injection); ``role`` is
 the ServiceAccount ``pytest-sky`` bound to the Role of ``examples/kubernetes/rbac.yaml`` (or
 ``--role FILE``) in its namespace; ``readonly`` holds a ClusterRole of get/list/watch on
@@ -15,7 +15,7 @@ every resource (subresources included, as ``*`` grants on a real cluster); ``nob
 authenticated but may do nothing beyond discovery; any other token gets 401.  The verb of
 an exec or port-forward websocket depends on ``kube_version`` (see the rbac module).
 
-:class:`EmulatorServer` is the async core (used by ``python -m tests.kube_emulator``);
+:class:`EmulatorServer` is the async core (used by ``python -m kube_emulator``);
 :class:`Emulator` runs it on a background thread for in-process use::
 
     with Emulator(nodes=3) as emu:
@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import yaml
 from aiohttp import web
 
-from tests.kube_emulator.cluster import (
+from kube_emulator.cluster import (
     KUBERNETES_VERSION,
     RESOURCES,
     ApiError,
@@ -49,9 +49,9 @@ from tests.kube_emulator.cluster import (
     ClusterConfig,
     field_allowed,
 )
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.kubelet import reap_leftovers
-from tests.kube_emulator.rbac import (
+from kube_emulator.faults import Faults
+from kube_emulator.kubelet import reap_leftovers
+from kube_emulator.rbac import (
     Authorizer,
     Decision,
     Forbidden,
@@ -64,9 +64,9 @@ from tests.kube_emulator.rbac import (
     load_grants_file,
     parse_version,
 )
-from tests.kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
-from tests.kube_emulator.store import Expired, Watcher
-from tests.kube_emulator.streams import handle_exec, handle_portforward
+from kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
+from kube_emulator.store import Expired, Watcher
+from kube_emulator.streams import handle_exec, handle_portforward
 
 log = logging.getLogger(__name__)
 
@@ -491,7 +491,7 @@ class EmulatorServer:
         return response
 
     async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
-        from tests.kube_emulator.streams import _container
+        from kube_emulator.streams import _container
 
         cluster = self.cluster
         pod = cluster.get("pods", namespace, name)
@@ -743,7 +743,7 @@ class Emulator:
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Same keys as ``POST /emulator/faults`` (see :mod:`tests.kube_emulator.faults`)."""
+        """Same keys as ``POST /emulator/faults`` (see :mod:`kube_emulator.faults`)."""
         return self.call(lambda: self.server.update_faults(faults))
 
     def pods_info(self) -> dict[str, Any]:

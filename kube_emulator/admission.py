@@ -25,7 +25,7 @@ from fractions import Fraction
 from typing import Any
 
 from pytest_sky.backends import privileges
-from tests.kube_emulator.scheduler import QuantityError, is_terminated, parse_quantity
+from kube_emulator.scheduler import QuantityError, is_terminated, parse_quantity
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"

@@ -20,14 +20,14 @@ node of the local backend.  Layout:
   them, with the exec/port-forward websocket verbs of the chosen Kubernetes version.
 - ``selectors.py``, ``faults.py``: label/field selectors; injected faults.
 
-Run it as a process with ``python -m tests.kube_emulator --kubeconfig PATH``.
+Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 """
 
 from __future__ import annotations
 
-from tests.kube_emulator.cluster import ClusterConfig
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.server import (
+from kube_emulator.cluster import ClusterConfig
+from kube_emulator.faults import Faults
+from kube_emulator.server import (
     BAD_TOKEN,
     CONTEXT,
     NOBODY_TOKEN,

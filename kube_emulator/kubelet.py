@@ -50,10 +50,10 @@ from pytest_sky.backends import netns, privileges
 from pytest_sky.backends.confine import Confinement
 from pytest_sky.backends.local import passwd_with_home
 from pytest_sky.errors import ProvisionError
-from tests.kube_emulator import dns, images
+from kube_emulator import dns, images
 
 if TYPE_CHECKING:
-    from tests.kube_emulator.cluster import Cluster
+    from kube_emulator.cluster import Cluster
 
 log = logging.getLogger(__name__)
 

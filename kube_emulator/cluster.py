@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube_emulator import admission, scheduler
-from tests.kube_emulator.dns import DnsServer
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.kubelet import Kubelet
-from tests.kube_emulator.selectors import FieldSelector, LabelSelector
-from tests.kube_emulator.store import Obj, Store, random_suffix
+from kube_emulator import admission, scheduler
+from kube_emulator.dns import DnsServer
+from kube_emulator.faults import Faults
+from kube_emulator.kubelet import Kubelet
+from kube_emulator.selectors import FieldSelector, LabelSelector
+from kube_emulator.store import Obj, Store, random_suffix
 
 log = logging.getLogger(__name__)
 
