@@ -1,8 +1,8 @@
 """The emulated kubelet: every bound pod runs as a namespace node of the local backend.
 
-A pod is a ``pytest_sky.backends.netns`` node whose first process is the container's
-command: its own network, UTS, mount and PID namespaces, one veth into the emulator's
-bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
+A pod is a ``pytest_sky.backends.netns`` node (reached through ``product.py``) whose first
+process is the container's command: its own network, UTS, mount and PID namespaces, one
+veth into the emulator's bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
 the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
 over this machine's, as a container's writable layer over its image, reset when the
 container restarts; the emulator's own state is hidden), a private ``/run``, and
@@ -45,12 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sky import procs
-from pytest_sky.backends import netns, privileges
-from pytest_sky.backends.confine import Confinement
-from pytest_sky.backends.local import passwd_with_home
-from pytest_sky.errors import ProvisionError
-from kube_emulator import dns, images
+from kube_emulator import dns, images, product
+from kube_emulator.product import Confinement, ProvisionError
 
 if TYPE_CHECKING:
     from kube_emulator.cluster import Cluster
@@ -102,7 +98,7 @@ class PodRuntime:
     root: Path
     node_name: str
     ip: str | None = None
-    node: netns.NodeProcess | None = None
+    node: product.NodeProcess | None = None
     init_pidfd: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
@@ -116,7 +112,7 @@ class PodRuntime:
     started_at: str = ""
     view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
     #: What the container's processes hold (its securityContext's), exec sessions too.
-    confinement: Confinement = field(default_factory=privileges.for_node)
+    confinement: Confinement = field(default_factory=product.for_node)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -189,18 +185,18 @@ class Kubelet:
 
     def start(self) -> None:
         """Lease a subnet by creating its bridge (atomic in the kernel), as the local backend does."""
-        netns.require_privileges()
-        self.tools = netns.require_tools()
-        netns.check_forward_policy()
+        product.require_privileges()
+        self.tools = product.require_tools()
+        product.check_forward_policy()
         self.instance_dir.mkdir(parents=True, exist_ok=True)
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
-            name = f"{netns.LINK_PREFIX}{index}"
-            if netns.link_exists(name):
+            name = f"{product.LINK_PREFIX}{index}"
+            if product.link_exists(name):
                 continue
             subnet, base = subnet_of(index)
-            if netns.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, str(self.instance_dir)):
+            if product.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, str(self.instance_dir)):
                 self.index, self.bridge, self.subnet, self.base = index, name, subnet, base
                 self.persist()
                 return
@@ -230,12 +226,12 @@ class Kubelet:
                 nodes[f"{rt.namespace}/{rt.name}"] = {
                     "pid": rt.node.pid,
                     "init_pid": rt.node.init_pid,
-                    "start_time": procs.start_time(rt.node.pid),
+                    "start_time": product.start_time(rt.node.pid),
                     "veth": rt.node.veth,
                 }
         record = {
             "pid": os.getpid(),
-            "start_time": procs.start_time(os.getpid()),
+            "start_time": product.start_time(os.getpid()),
             "bridge": self.bridge,
             "kubeconfig": self.kubeconfig,
             "nodes": nodes,
@@ -296,9 +292,9 @@ class Kubelet:
         leftovers = [rt.node for rt in self.runtimes.values() if rt.node is not None]
         loop = asyncio.get_running_loop()
         if leftovers:
-            await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], leftovers)
+            await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], leftovers)
         if self.bridge:
-            await loop.run_in_executor(self.pool, netns.delete_links, self.tools["ip"], [self.bridge])
+            await loop.run_in_executor(self.pool, product.delete_links, self.tools["ip"], [self.bridge])
             self.bridge = ""
         self.pool.shutdown(wait=False)
         self.netns_pool.shutdown(wait=False)
@@ -316,7 +312,8 @@ class Kubelet:
             if rt.node is not None:
                 node, rt.node = rt.node, None
                 self._close_pidfd(rt)
-                await asyncio.get_running_loop().run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], [node])
             if rt.ip is not None:
                 self.used_ips.discard(int(rt.ip.rsplit(".", 1)[1]))
             self.runtimes.pop(rt.key, None)
@@ -549,7 +546,7 @@ class Kubelet:
         return target
 
     def _container_env(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": netns.NODE_HOME}
+        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": product.NODE_HOME}
         for source in container.get("envFrom") or []:
             ref = source.get("secretRef")
             if ref:
@@ -576,16 +573,16 @@ class Kubelet:
                 raw = (secret.get("data") or {}).get(sref.get("key", ""))
                 value = base64.b64decode(raw).decode(errors="replace") if raw is not None else ""
             env[item["name"]] = value or ""
-        env["HOME"] = netns.NODE_HOME  # root's home: the pod's own directory, mounted there
+        env["HOME"] = product.NODE_HOME  # root's home: the pod's own directory, mounted there
         return env
 
     def _node_spec(
         self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any], mounts: Volumes
-    ) -> netns.NodeSpec:
+    ) -> product.NodeSpec:
         (rt.root / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
         home = rt.root / "home"
         home.mkdir(exist_ok=True, mode=0o700)
-        (rt.root / "etc" / "passwd").write_text(passwd_with_home())
+        (rt.root / "etc" / "passwd").write_text(product.passwd_with_home())
         hosts = rt.root / "etc" / "hosts"
         hosts.write_text(self._hosts_for(rt))
         (rt.root / "etc" / "resolv.conf").write_text(dns.resolv_conf(self.cluster.dns.address, rt.namespace))
@@ -600,15 +597,15 @@ class Kubelet:
         rt.env = self._container_env(rt, pod, container)
         # What a runtime makes of the pod's securityContexts, carried out by the node's init
         # as for a local node (one definition, ``privileges``).
-        rt.confinement = privileges.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
+        rt.confinement = product.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
         # The node inherits the emulator's cwd; a container starts in its workingDir.
         command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
-        return netns.NodeSpec(
+        return product.NodeSpec(
             hostname=rt.hostname,
             ip=rt.ip or "",
             root=rt.root,
-            veth=f"{netns.LINK_PREFIX}{self.index}p{octet}",
+            veth=f"{product.LINK_PREFIX}{self.index}p{octet}",
             extra_mounts=mounts.ro,
             shared_mounts=mounts.rw,
             command=command,
@@ -644,7 +641,7 @@ class Kubelet:
         try:
             started = await loop.run_in_executor(
                 self.pool,
-                lambda: netns.start_nodes(
+                lambda: product.start_nodes(
                     [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
                 ),
             )
@@ -676,7 +673,7 @@ class Kubelet:
         code = await self._wait_exit(node)
         rt.node = None
         self._close_pidfd(rt)
-        await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+        await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], [node])
         self.persist()
         if not rt.deleting:
             self._set_container(
@@ -692,7 +689,7 @@ class Kubelet:
                 os.close(rt.init_pidfd)
             rt.init_pidfd = None
 
-    async def _wait_exit(self, node: netns.NodeProcess) -> int:
+    async def _wait_exit(self, node: product.NodeProcess) -> int:
         """The node's exit code, woken by a pidfd on its keeper (no polling), which writes its
         first process's status as it ends: a signal N is 128 + N, as a container runtime
         reports it, and a keeper killed before it could say is a SIGKILL."""
@@ -999,7 +996,7 @@ def _conditions(
     status["conditions"] = out
 
 
-def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = procs.is_alive) -> list[str]:
+def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = product.is_alive) -> list[str]:
     """Remove what emulators that died without tearing down (SIGKILL) left in ``state_dir``:
     their pods' processes and links, their bridge, their instance directories."""
     reaped = []
@@ -1014,10 +1011,10 @@ def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] 
         if is_alive(int(record.get("pid", 0)), record.get("start_time")):
             continue
         nodes = list((record.get("nodes") or {}).values())
-        netns.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
-        netns.reap_nodes(nodes, cgroups=[str(netns.node_cgroup(n["veth"]) or "") for n in nodes if n.get("veth")])
+        product.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
+        product.reap_nodes(nodes, cgroups=[str(product.node_cgroup(n["veth"]) or "") for n in nodes if n.get("veth")])
         if record.get("bridge"):
-            netns.delete_links(ip, [record["bridge"]])
+            product.delete_links(ip, [record["bridge"]])
         shutil.rmtree(record_path.parent, ignore_errors=True)
         reaped.append(str(record_path.parent))
     return reaped

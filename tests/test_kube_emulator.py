@@ -32,11 +32,11 @@ from kubernetes import client, config, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from kubernetes.stream import portforward, stream, ws_client  # noqa: E402
 
-from pytest_sky.backends import netns  # noqa: E402
-from pytest_sky.doctor import link_owners, node_processes  # noqa: E402
 from kube_emulator import Emulator, images  # noqa: E402
 from kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
 from kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
+from pytest_sky.backends import netns  # noqa: E402
+from pytest_sky.doctor import link_owners, node_processes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kube_emulator import admission
 from pytest_sky.backends import kube_manifests as m
 from pytest_sky.backends import privileges
 from pytest_sky.resources import Resources
-from kube_emulator import admission
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
