@@ -2,8 +2,8 @@
 
 A pod is a ``pytest_sky.backends.netns`` node (reached through ``product.py``) whose first
 process is the container's command: its own network, UTS, mount and PID namespaces, one
-veth into the emulator's bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
-the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
+veth into the emulator's bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster,
+leased race-free the way the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
 over this machine's, as a container's writable layer over its image, reset when the
 container restarts; the emulator's own state is hidden), a private ``/run``, and
 bind-mounted ``/etc/passwd``
