@@ -43,13 +43,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kube_emulator import dns, images, product
+from kube_emulator.faults import Faults
 from kube_emulator.product import Confinement, ProvisionError
-
-if TYPE_CHECKING:
-    from kube_emulator.cluster import Cluster
+from kube_emulator.store import Obj, Store
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +158,32 @@ def socket_in_netns(pid: int, family: int) -> socket.socket:
         os.close(host)
 
 
+class PodHost(Protocol):
+    """What the kubelet needs of the API side (``cluster.Cluster``): written out here so the
+    kubelet sits below the cluster that owns it, as a real kubelet talks to an API server it
+    does not import."""
+
+    store: Store
+    faults: Faults
+    dns: dns.DnsServer
+
+    def now(self) -> str: ...
+
+    def record_event(
+        self, obj: Obj, type_: str, reason: str, message: str, *, component: str, container: int | None = None
+    ) -> None: ...
+
+    def delete(self, resource: str, namespace: str, name: str, options: dict[str, Any] | None = None) -> Obj: ...
+
+    def pod_stopped_for_deletion(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def trigger_scheduler(self) -> None: ...
+
+
 class Kubelet:
     """Runs the pods the scheduler bound, on one bridge for the whole emulated cluster."""
 
-    def __init__(self, cluster: Cluster, instance_dir: Path, mtu: int = 65535) -> None:
+    def __init__(self, cluster: PodHost, instance_dir: Path, mtu: int = 65535) -> None:
         self.cluster = cluster
         self.instance_dir = instance_dir
         self.mtu = mtu
