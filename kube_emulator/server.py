@@ -78,7 +78,7 @@ CONTEXT = "kube-emulator"
 ROLE_CONTEXT = f"{CONTEXT}-role"
 ROLE_USER = "system:serviceaccount:default:pytest-sky"
 #: The Role the ``role`` token holds unless another is given: the one the project ships.
-SHIPPED_ROLE = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "rbac.yaml"
+SHIPPED_ROLE = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "rbac.yaml"
 CONTEXTS = (CONTEXT, ROLE_CONTEXT, f"{CONTEXT}-readonly", f"{CONTEXT}-nobody", f"{CONTEXT}-badtoken")
 READONLY_RULES = (PolicyRule(verbs=("get", "list", "watch"), api_groups=("*",), resources=("*",)),)
 T = TypeVar("T")
