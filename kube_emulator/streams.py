@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import signal
 import struct
+import termios
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
+from multidict import MultiDictProxy
 
 from kube_emulator.cluster import ApiError
 
@@ -99,46 +103,161 @@ def _exit_status(code: int, command: list[str]) -> dict[str, Any]:
     }
 
 
-async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, name: str) -> web.StreamResponse:
-    query = request.query
+@dataclass(frozen=True)
+class ExecRequest:
+    """What the client asked of an exec, from the query string."""
+
+    command: list[str]
+    stdin: bool
+    stdout: bool
+    stderr: bool
+    tty: bool
+    container: str | None
+
+
+def _exec_request(query: MultiDictProxy[str]) -> ExecRequest:
     command = query.getall("command", [])
     if not command:
         raise ApiError(400, "BadRequest", "you must specify at least 1 command")
     stdin, stdout, stderr, tty = (_bool(query.get(k)) for k in ("stdin", "stdout", "stderr", "tty"))
     if not (stdin or stdout or stderr):
         raise ApiError(400, "BadRequest", "you must specify at least one of stdin, stdout, stderr")
-    rt = _running(cluster, namespace, name, "exec into", query.get("container"))
+    return ExecRequest(command, stdin, stdout, stderr, tty, query.get("container"))
+
+
+async def _accept(request: web.Request, protocols: tuple[str, ...]) -> web.WebSocketResponse:
     if not _is_websocket(request):
         raise ApiError(400, "BadRequest", "Upgrade request required (the kube emulator speaks WebSocket, not SPDY)")
-    ws = web.WebSocketResponse(protocols=EXEC_PROTOCOLS, max_msg_size=MAX_MESSAGE, autoping=True)
+    ws = web.WebSocketResponse(protocols=protocols, max_msg_size=MAX_MESSAGE, autoping=True)
     await ws.prepare(request)
-    protocol = ws.ws_protocol or "channel.k8s.io"
-    structured = protocol in (V4, V5)
+    return ws
 
-    async def send(channel: int, data: bytes) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await ws.send_bytes(bytes([channel]) + data)
 
-    if cluster.kubelet.command_missing(rt, command):
-        message = (
-            "OCI runtime exec failed: exec failed: unable to start container process: exec: "
-            f'"{command[0]}": executable file not found in $PATH: unknown'
-        )
-        status = {
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": "InternalError",
-            "details": {"causes": [{"message": message}]},
-            "code": 500,
-        }
-        await send(ERROR, json.dumps(status).encode() if structured else message.encode())
-        await ws.close()
+async def _send(ws: web.WebSocketResponse, channel: int, data: bytes) -> None:
+    """One frame; a client that is gone is not an error of the exec (the command still ends)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_bytes(bytes([channel]) + data)
+
+
+def _structured(ws: web.WebSocketResponse) -> bool:
+    """v4 and later report on the error channel in a JSON ``Status``, earlier ones in text."""
+    return (ws.ws_protocol or "channel.k8s.io") in (V4, V5)
+
+
+async def _refuse_missing_command(ws: web.WebSocketResponse, command: list[str]) -> None:
+    """What a container runtime answers for a command not on the image's PATH."""
+    message = (
+        "OCI runtime exec failed: exec failed: unable to start container process: exec: "
+        f'"{command[0]}": executable file not found in $PATH: unknown'
+    )
+    status = {
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "InternalError",
+        "details": {"causes": [{"message": message}]},
+        "code": 500,
+    }
+    await _send(ws, ERROR, json.dumps(status).encode() if _structured(ws) else message.encode())
+    await ws.close()
+
+
+async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, name: str) -> web.StreamResponse:
+    want = _exec_request(request.query)
+    rt = _running(cluster, namespace, name, "exec into", want.container)
+    ws = await _accept(request, EXEC_PROTOCOLS)
+    if cluster.kubelet.command_missing(rt, want.command):
+        await _refuse_missing_command(ws, want.command)
         return ws
-    proc, master = await cluster.kubelet.spawn_exec(rt, command, stdin=stdin, tty=tty)
-    await send(STDOUT if stdout else STDERR, b"")
+    proc, master = await cluster.kubelet.spawn_exec(rt, want.command, stdin=want.stdin, tty=want.tty)
+    await _send(ws, STDOUT if want.stdout else STDERR, b"")
+    await ExecSession(ws, want, proc, master, f"{namespace}/{name}").run()
+    return ws
 
-    async def pump(reader: asyncio.StreamReader | None, channel: int, wanted: bool) -> None:
+
+class ExecSession:
+    """One running exec: the command's output to the client, and the client's stdin, resize
+    and close frames to the command, until the command exits or the client goes away."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        want: ExecRequest,
+        proc: asyncio.subprocess.Process,
+        master: int | None,
+        where: str,
+    ) -> None:
+        self.ws = ws
+        self.want = want
+        self.proc = proc
+        self.master = master  # the pty's master side, with ``tty``
+        self.where = where
+        self.stdin_open = want.stdin
+
+    async def run(self) -> None:
+        outputs = (
+            [asyncio.ensure_future(self._pump_pty(self.master))]
+            if self.master is not None
+            else [
+                asyncio.ensure_future(self._pump(self.proc.stdout, STDOUT, self.want.stdout)),
+                asyncio.ensure_future(self._pump(self.proc.stderr, STDERR, self.want.stderr)),
+            ]
+        )
+        client = asyncio.ensure_future(self._from_client())
+        waiter = asyncio.ensure_future(self.proc.wait())
+        try:
+            done, _ = await asyncio.wait({waiter, client}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter not in done:
+                # The client went away first: stop the command and everything in its session.
+                self._kill()
+                await waiter
+                return
+            await self._drain(outputs)
+            await self._report_exit()
+        finally:
+            self._release([client, waiter, *outputs])
+
+    async def _drain(self, outputs: list[asyncio.Future[None]]) -> None:
+        if self.master is not None:
+            # The pty master reads EIO once every holder of the slave is gone; children that
+            # keep it open must not hold up the exit status.
+            await asyncio.wait(outputs, timeout=0.5)
+            return
+        # Like a container runtime, wait until stdout and stderr are closed: a background
+        # child that keeps them open holds the exec up (as on a real cluster), but not forever.
+        _, pending = await asyncio.wait(outputs, timeout=DRAIN_TIMEOUT)
+        if pending:
+            log.warning(
+                "exec %s in %s: output still open %.0f s after exit", self.want.command, self.where, DRAIN_TIMEOUT
+            )
+
+    async def _report_exit(self) -> None:
+        code = self.proc.returncode if self.proc.returncode is not None else 0
+        code = 128 - code if code < 0 else code
+        if _structured(self.ws):
+            await _send(self.ws, ERROR, json.dumps(_exit_status(code, self.want.command)).encode())
+        elif code:
+            await _send(self.ws, ERROR, f"command terminated with non-zero exit code: exit code {code}".encode())
+        with contextlib.suppress(Exception):
+            await self.ws.close()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def _release(self, tasks: list[asyncio.Future[Any]]) -> None:
+        if self.proc.returncode is None:  # the handler itself was cancelled (client connection lost)
+            self._kill()
+        for task in tasks:
+            task.cancel()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+        if self.master is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.master)
+
+    async def _pump(self, reader: asyncio.StreamReader | None, channel: int, wanted: bool) -> None:
         if reader is None:
             return
         while True:
@@ -146,9 +265,9 @@ async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, na
             if not chunk:
                 return
             if wanted:
-                await send(channel, chunk)
+                await _send(self.ws, channel, chunk)
 
-    async def pump_pty(fd: int) -> None:
+    async def _pump_pty(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -169,13 +288,12 @@ async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, na
                 data = await queue.get()
                 if not data:
                     return
-                await send(STDOUT, data)
+                await _send(self.ws, STDOUT, data)
         finally:
             loop.remove_reader(fd)
 
-    async def from_client() -> None:
-        stdin_open = stdin
-        async for msg in ws:
+    async def _from_client(self) -> None:
+        async for msg in self.ws:
             if msg.type == WSMsgType.BINARY:
                 data: bytes = msg.data
             elif msg.type == WSMsgType.TEXT:
@@ -184,106 +302,37 @@ async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, na
                 data = bytes([ord(text[0]) & 0xFF]) + text[1:].encode() if text else b""
             else:
                 break
-            if not data:
-                continue
-            channel, payload = data[0], data[1:]
-            if channel == STDIN and stdin_open:
-                if master is not None:
-                    os.write(master, payload)
-                elif proc.stdin is not None:
-                    try:
-                        proc.stdin.write(payload)
-                        await proc.stdin.drain()
-                    except (ConnectionError, BrokenPipeError):
-                        stdin_open = False
-            elif channel == RESIZE and master is not None:
-                with contextlib.suppress(ValueError, OSError, KeyError):
-                    size = json.loads(payload)
-                    import fcntl
-                    import termios
+            if data:
+                await self._frame(data[0], data[1:])
 
-                    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size["Height"], size["Width"], 0, 0))
-            elif channel == CLOSE and protocol == V5 and payload[:1] == bytes([STDIN]):
-                stdin_open = False
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                elif master is not None:
-                    os.write(master, b"\x04")
+    async def _frame(self, channel: int, payload: bytes) -> None:
+        if channel == STDIN and self.stdin_open:
+            await self._write_stdin(payload)
+        elif channel == RESIZE and self.master is not None:
+            with contextlib.suppress(ValueError, OSError, KeyError):
+                size = json.loads(payload)
+                fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", size["Height"], size["Width"], 0, 0))
+        elif channel == CLOSE and self.ws.ws_protocol == V5 and payload[:1] == bytes([STDIN]):
+            self.stdin_open = False
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            elif self.master is not None:
+                os.write(self.master, b"\x04")
 
-    outputs = (
-        [asyncio.ensure_future(pump_pty(master))]
-        if master is not None
-        else [
-            asyncio.ensure_future(pump(proc.stdout, STDOUT, stdout)),
-            asyncio.ensure_future(pump(proc.stderr, STDERR, stderr)),
-        ]
-    )
-    client = asyncio.ensure_future(from_client())
-    waiter = asyncio.ensure_future(proc.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, client}, return_when=asyncio.FIRST_COMPLETED)
-        if waiter not in done:
-            # The client went away first: stop the command and everything in its session.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await waiter
-            return ws
-        if master is not None:
-            # The pty master reads EIO once every holder of the slave is gone; children that
-            # keep it open must not hold up the exit status.
-            await asyncio.wait(outputs, timeout=0.5)
-        else:
-            # Like a container runtime, wait until stdout and stderr are closed: a background
-            # child that keeps them open holds the exec up (as on a real cluster), but not forever.
-            _, pending = await asyncio.wait(outputs, timeout=DRAIN_TIMEOUT)
-            if pending:
-                log.warning(
-                    "exec %s in %s/%s: output still open %.0f s after exit", command, namespace, name, DRAIN_TIMEOUT
-                )
-        code = proc.returncode if proc.returncode is not None else 0
-        code = 128 - code if code < 0 else code
-        if structured:
-            await send(ERROR, json.dumps(_exit_status(code, command)).encode())
-        elif code:
-            await send(ERROR, f"command terminated with non-zero exit code: exit code {code}".encode())
-        with contextlib.suppress(Exception):
-            await ws.close()
-        return ws
-    finally:
-        if proc.returncode is None:  # the handler itself was cancelled (client connection lost)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for task in (client, waiter, *outputs):
-            task.cancel()
-        if proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                proc.stdin.close()
-        if master is not None:
-            with contextlib.suppress(OSError):
-                os.close(master)
+    async def _write_stdin(self, payload: bytes) -> None:
+        if self.master is not None:
+            os.write(self.master, payload)
+        elif self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(payload)
+                await self.proc.stdin.drain()
+            except (ConnectionError, BrokenPipeError):
+                self.stdin_open = False
 
 
-class PortForwardSession:
-    """One port-forward WebSocket; kept in ``cluster.portforwards`` so a fault can drop it."""
-
-    def __init__(self, ws: web.WebSocketResponse, limit: int | None) -> None:
-        self.ws = ws
-        self.limit = limit
-        self.bytes = 0
-        self.dropped = asyncio.Event()
-
-    def count(self, n: int) -> None:
-        self.bytes += n
-        if self.limit is not None and self.bytes >= self.limit:
-            self.drop()
-
-    def drop(self) -> None:
-        self.dropped.set()
-
-
-async def handle_portforward(request: web.Request, cluster: Cluster, namespace: str, name: str) -> web.StreamResponse:
+def _ports(query: MultiDictProxy[str]) -> list[int]:
     ports: list[int] = []
-    for value in request.query.getall("ports", []):
+    for value in query.getall("ports", []):
         for part in value.split(","):
             try:
                 port = int(part)
@@ -294,73 +343,17 @@ async def handle_portforward(request: web.Request, cluster: Cluster, namespace: 
             ports.append(port)
     if not ports:
         raise ApiError(400, "BadRequest", 'query parameter "ports" is required')
+    return ports
+
+
+async def handle_portforward(request: web.Request, cluster: Cluster, namespace: str, name: str) -> web.StreamResponse:
+    ports = _ports(request.query)
     rt = _running(cluster, namespace, name, "port-forward to", None)
-    if not _is_websocket(request):
-        raise ApiError(400, "BadRequest", "Upgrade request required (the kube emulator speaks WebSocket, not SPDY)")
-    ws = web.WebSocketResponse(protocols=PORTFORWARD_PROTOCOLS, max_msg_size=MAX_MESSAGE, autoping=True)
-    await ws.prepare(request)
+    ws = await _accept(request, PORTFORWARD_PROTOCOLS)
     session = PortForwardSession(ws, cluster.faults.drop_portforward_after_bytes)
     cluster.portforwards.add(session)
-    writers: dict[int, asyncio.StreamWriter] = {}
-    tasks: list[asyncio.Future[Any]] = []
-
-    async def send(channel: int, data: bytes) -> None:
-        await ws.send_bytes(bytes([channel]) + data)
-
-    async def pod_to_client(index: int, reader: asyncio.StreamReader) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            while True:
-                chunk = await reader.read(65536)
-                if not chunk:
-                    return
-                await send(2 * index, chunk)
-                session.count(len(chunk))
-
-    async def client_to_pod() -> None:
-        async for msg in ws:
-            if msg.type != WSMsgType.BINARY or not msg.data:
-                if msg.type in (WSMsgType.CLOSE, WSMsgType.ERROR):
-                    return
-                continue
-            channel, payload = msg.data[0], msg.data[1:]
-            writer = writers.get(channel // 2) if channel % 2 == 0 else None
-            if writer is None or not payload:
-                continue
-            try:
-                writer.write(payload)
-                await writer.drain()
-            except ConnectionError:
-                return
-            session.count(len(payload))
-
     try:
-        for i, port in enumerate(ports):
-            prefix = struct.pack("<H", port)
-            await send(2 * i, prefix)
-            await send(2 * i + 1, prefix)
-        for i, port in enumerate(ports):
-            try:
-                reader, writer = await cluster.kubelet.connect(rt, port)
-            except (ConnectionError, OSError) as exc:
-                message = (
-                    f"error forwarding port {port} to pod {rt.uid}, uid : failed to execute portforward in "
-                    f"network namespace of pod {name}: {exc}"
-                )
-                await send(2 * i + 1, message.encode())
-                continue
-            writers[i] = writer
-            tasks.append(asyncio.ensure_future(pod_to_client(i, reader)))
-        if not writers:
-            return ws  # nothing to forward: the error frames are out, the stream is over
-        if session.limit is not None and session.limit <= 0:
-            session.drop()
-        # Over when the client closes, every pod side closes, or a fault drops it.
-        tasks.append(asyncio.ensure_future(client_to_pod()))
-        tasks.append(asyncio.ensure_future(session.dropped.wait()))
-        pods_done = asyncio.ensure_future(asyncio.wait(tasks[: len(writers)]))
-        tasks.append(pods_done)
-        await asyncio.wait(tasks[-3:], return_when=asyncio.FIRST_COMPLETED)
-        if session.dropped.is_set():
+        if await session.forward(cluster, rt, ports) and session.dropped.is_set():
             log.info("dropping the port-forward to %s/%s after %d bytes", namespace, name, session.bytes)
             transport = request.transport
             if transport is not None:
@@ -368,10 +361,95 @@ async def handle_portforward(request: web.Request, cluster: Cluster, namespace: 
         return ws
     finally:
         cluster.portforwards.discard(session)
-        for task in tasks:
+        await session.close()
+
+
+class PortForwardSession:
+    """One port-forward WebSocket; kept in ``cluster.portforwards`` so a fault can drop it."""
+
+    def __init__(self, ws: web.WebSocketResponse, limit: int | None) -> None:
+        self.ws = ws
+        self.limit = limit
+        self.bytes = 0
+        self.dropped = asyncio.Event()
+        self.writers: dict[int, asyncio.StreamWriter] = {}  # by the port's index in the request
+        self.tasks: list[asyncio.Future[Any]] = []
+
+    def count(self, n: int) -> None:
+        self.bytes += n
+        if self.limit is not None and self.bytes >= self.limit:
+            self.drop()
+
+    def drop(self) -> None:
+        self.dropped.set()
+
+    async def forward(self, cluster: Cluster, rt: PodRuntime, ports: list[int]) -> bool:
+        """Forward until the client closes, every pod side closes, or a fault drops the
+        session; False when no port could be reached (the error frames are all there is)."""
+        for i, port in enumerate(ports):
+            prefix = struct.pack("<H", port)
+            await self._send(2 * i, prefix)
+            await self._send(2 * i + 1, prefix)
+        for i, port in enumerate(ports):
+            await self._connect(cluster, rt, i, port)
+        if not self.writers:
+            return False
+        if self.limit is not None and self.limit <= 0:
+            self.drop()
+        self.tasks.append(asyncio.ensure_future(self._client_to_pod()))
+        self.tasks.append(asyncio.ensure_future(self.dropped.wait()))
+        pods_done = asyncio.ensure_future(asyncio.wait(self.tasks[: len(self.writers)]))
+        self.tasks.append(pods_done)
+        await asyncio.wait(self.tasks[-3:], return_when=asyncio.FIRST_COMPLETED)
+        return True
+
+    async def _connect(self, cluster: Cluster, rt: PodRuntime, index: int, port: int) -> None:
+        try:
+            reader, writer = await cluster.kubelet.connect(rt, port)
+        except (ConnectionError, OSError) as exc:
+            message = (
+                f"error forwarding port {port} to pod {rt.uid}, uid : failed to execute portforward in "
+                f"network namespace of pod {rt.name}: {exc}"
+            )
+            await self._send(2 * index + 1, message.encode())
+            return
+        self.writers[index] = writer
+        self.tasks.append(asyncio.ensure_future(self._pod_to_client(index, reader)))
+
+    async def close(self) -> None:
+        for task in self.tasks:
             task.cancel()
-        for writer in writers.values():
+        for writer in self.writers.values():
             with contextlib.suppress(Exception):
                 writer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.close(), 1.0)
+            await asyncio.wait_for(self.ws.close(), 1.0)
+
+    async def _send(self, channel: int, data: bytes) -> None:
+        await self.ws.send_bytes(bytes([channel]) + data)
+
+    async def _pod_to_client(self, index: int, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            while True:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                await self._send(2 * index, chunk)
+                self.count(len(chunk))
+
+    async def _client_to_pod(self) -> None:
+        async for msg in self.ws:
+            if msg.type != WSMsgType.BINARY or not msg.data:
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.ERROR):
+                    return
+                continue
+            channel, payload = msg.data[0], msg.data[1:]
+            writer = self.writers.get(channel // 2) if channel % 2 == 0 else None
+            if writer is None or not payload:
+                continue
+            try:
+                writer.write(payload)
+                await writer.drain()
+            except ConnectionError:
+                return
+            self.count(len(payload))
