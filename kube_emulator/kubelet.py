@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import pty
 import random
 import shutil
 import signal
@@ -366,24 +367,7 @@ class Kubelet:
             await self._image_pull_failure(rt, container, unknown=True)
             return
         rt.view = view
-        # Volumes: retried while they fail, as the kubelet does (a Secret may come later).
-        mounts: Volumes | None = None
-        while mounts is None and not rt.deleting:
-            pod = self._pod(rt)
-            if pod is None:
-                return
-            try:
-                mounts = self._prepare_volumes(rt, pod, container)
-            except MountError as exc:
-                self.cluster.record_event(pod, "Warning", "FailedMount", str(exc), component="kubelet")
-                self._set_container(rt, waiting={"reason": "ContainerCreating"})
-                await rt.sleep(2.0)
-            except CreateError as exc:
-                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
-                self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
-                while not rt.deleting:
-                    await rt.sleep(3600)
-                return
+        mounts = await self._mount_volumes(rt, container)
         if rt.deleting or mounts is None or await self._start_fault(rt):
             return
         rt.ip = self.base + str(self._alloc_ip())
@@ -403,23 +387,45 @@ class Kubelet:
                 self._set_phase_done(rt, code)
                 return
             if rt.exits >= 2:
-                delay = min(10 * 2 ** (rt.exits - 2), 300)
-                cname = container["name"]
-                message = (
-                    f"back-off {delay}s restarting failed container={cname} pod={rt.name}_{rt.namespace}({rt.uid})"
-                )
-                self._set_container(rt, waiting={"reason": "CrashLoopBackOff", "message": message})
-                self.cluster.record_event(
-                    pod,
-                    "Warning",
-                    "BackOff",
-                    f"Back-off restarting failed container {cname} in pod {rt.name}_{rt.namespace}({rt.uid})",
-                    component="kubelet",
-                    container=0,
-                )
-                await rt.sleep(delay)
+                await self._back_off(rt, pod, container["name"])
             with contextlib.suppress(OSError):
                 os.replace(rt.log_path, rt.root / "node.log.previous")
+
+    async def _mount_volumes(self, rt: PodRuntime, container: dict[str, Any]) -> Volumes | None:
+        """The pod's volumes, retried while they fail, as the kubelet does (a Secret may come
+        later); None when the pod is gone or being deleted, or its container cannot be created."""
+        while not rt.deleting:
+            pod = self._pod(rt)
+            if pod is None:
+                return None
+            try:
+                return self._prepare_volumes(rt, pod, container)
+            except MountError as exc:
+                self.cluster.record_event(pod, "Warning", "FailedMount", str(exc), component="kubelet")
+                self._set_container(rt, waiting={"reason": "ContainerCreating"})
+                await rt.sleep(2.0)
+            except CreateError as exc:
+                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
+                self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
+                while not rt.deleting:
+                    await rt.sleep(3600)
+                return None
+        return None
+
+    async def _back_off(self, rt: PodRuntime, pod: dict[str, Any], cname: str) -> None:
+        """CrashLoopBackOff: the kubelet's restart delay, doubling from 10 s to 5 min."""
+        delay = min(10 * 2 ** (rt.exits - 2), 300)
+        message = f"back-off {delay}s restarting failed container={cname} pod={rt.name}_{rt.namespace}({rt.uid})"
+        self._set_container(rt, waiting={"reason": "CrashLoopBackOff", "message": message})
+        self.cluster.record_event(
+            pod,
+            "Warning",
+            "BackOff",
+            f"Back-off restarting failed container {cname} in pod {rt.name}_{rt.namespace}({rt.uid})",
+            component="kubelet",
+            container=0,
+        )
+        await rt.sleep(delay)
 
     async def _start_fault(self, rt: PodRuntime) -> bool:
         """An injected fault between mounting the volumes and starting the container (see
@@ -659,29 +665,9 @@ class Kubelet:
                 component="kubelet",
                 container=0,
             )
-        try:
-            started = await loop.run_in_executor(
-                self.pool,
-                lambda: product.start_nodes(
-                    [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
-                ),
-            )
-        except ProvisionError as exc:
-            message = f"failed to create containerd task: {exc}"
-            self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", component="kubelet", container=0)
-            self._set_container(
-                rt, terminated={"exitCode": 128, "reason": "StartError", "message": message}, running=False
-            )
+        node = await self._start_node(rt, pod, spec)
+        if node is None:
             return 128
-        node = started[0]
-        rt.node = node
-        try:
-            rt.init_pidfd = os.pidfd_open(node.init_pid) if node.init_pid else None
-        except OSError:
-            rt.init_pidfd = None
-        self.persist()
-        if rt.deleting:
-            self._signal_node(rt)
         rt.container_id = "containerd://" + hashlib.sha256(f"{rt.uid}/{rt.exits}".encode()).hexdigest()
         rt.started_at = self.cluster.now()
         self.cluster.record_event(
@@ -703,6 +689,36 @@ class Kubelet:
                 running=False,
             )
         return code
+
+    async def _start_node(
+        self, rt: PodRuntime, pod: dict[str, Any], spec: product.NodeSpec
+    ) -> product.NodeProcess | None:
+        """The container's node, recorded in ``rt`` and on disk; None (and a StartError) when
+        it cannot start, as a runtime that fails to create the task."""
+        try:
+            started = await asyncio.get_running_loop().run_in_executor(
+                self.pool,
+                lambda: product.start_nodes(
+                    [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
+                ),
+            )
+        except ProvisionError as exc:
+            message = f"failed to create containerd task: {exc}"
+            self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", component="kubelet", container=0)
+            self._set_container(
+                rt, terminated={"exitCode": 128, "reason": "StartError", "message": message}, running=False
+            )
+            return None
+        node = started[0]
+        rt.node = node
+        try:
+            rt.init_pidfd = os.pidfd_open(node.init_pid) if node.init_pid else None
+        except OSError:
+            rt.init_pidfd = None
+        self.persist()
+        if rt.deleting:
+            self._signal_node(rt)
+        return node
 
     def _close_pidfd(self, rt: PodRuntime) -> None:
         if rt.init_pidfd is not None:
@@ -863,8 +879,24 @@ class Kubelet:
         mid-command can have the whole command stopped (the pod's PID namespace would stop it
         too, with the pod).
         """
+        argv = self._exec_argv(rt)
+        if tty:
+            return await _spawn_on_pty([*argv, self.setsid, "-c", *command], rt.env)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            *command,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=rt.env,
+            start_new_session=True,
+        )
+        return proc, None
+
+    def _exec_argv(self, rt: PodRuntime) -> list[str]:
+        """Into the pod's namespaces with the container's privileges, in its working directory."""
         assert rt.node is not None
-        argv = [
+        return [
             self.nsenter,
             f"--target={rt.node.init_pid}",
             "--net",
@@ -881,39 +913,6 @@ class Kubelet:
             'cd -- "$0" && exec "$@"',
             rt.workdir,
         ]
-        if tty:
-            import pty
-
-            master, slave = pty.openpty()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    self.setsid,
-                    "-c",
-                    *command,
-                    stdin=slave,
-                    stdout=slave,
-                    stderr=slave,
-                    env=rt.env,
-                    start_new_session=True,
-                )
-            except BaseException:
-                os.close(master)
-                raise
-            finally:
-                os.close(slave)
-            os.set_blocking(master, False)
-            return proc, master
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            *command,
-            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=rt.env,
-            start_new_session=True,
-        )
-        return proc, None
 
     def command_missing(self, rt: PodRuntime, command: list[str]) -> bool:
         """Whether ``command[0]`` cannot be found (the runtime refuses to exec it at all)."""
@@ -959,6 +958,23 @@ class Kubelet:
     def log_file(self, namespace: str, name: str, uid: str, previous: bool) -> Path:
         root = self.pod_root(namespace, name, uid)
         return root / ("node.log.previous" if previous else "node.log")
+
+
+async def _spawn_on_pty(argv: list[str], env: dict[str, str]) -> tuple[asyncio.subprocess.Process, int]:
+    """``argv`` on a new pty (stdin, stdout and stderr all), in a session of its own; the
+    process and the pty's master side, non-blocking."""
+    master, slave = pty.openpty()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    os.set_blocking(master, False)
+    return proc, master
 
 
 def exec_privileges(setpriv: str, confinement: Confinement) -> list[str]:
