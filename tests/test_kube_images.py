@@ -37,12 +37,6 @@ PROBE = (
 EVERYTHING = ["has-sshd", "has-ssh", "has-mpirun", "has-torch", "has-apt-lists"]
 
 
-@pytest.fixture(scope="module")
-def emu() -> Emulator:
-    with Emulator(nodes=2) as emu:
-        yield emu
-
-
 def v1(emu: Emulator) -> client.CoreV1Api:
     return KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
 

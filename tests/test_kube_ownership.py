@@ -41,12 +41,6 @@ ALLOWED = {
 }
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with Emulator(nodes=3) as emu:
-        yield emu
-
-
 def api(emu: Emulator):
     return KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
 

@@ -7,7 +7,6 @@ with the real API server's messages, and whose nodes are small and may carry GPU
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,6 @@ pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import Emulator
-
-
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    with Emulator(nodes=3) as e:
-        yield e
 
 
 def api(emu: Emulator):  # the client's CoreV1Api

@@ -31,12 +31,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "state"
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with Emulator(nodes=2) as emu:
-        yield emu
-
-
 def launch(emu: Emulator, name: str) -> pytest_sky.Cluster:
     return pytest_sky.launch(
         num_nodes=2,
