@@ -669,8 +669,8 @@ def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[
     """20 x ``kube_rounds`` concurrent ssh on a 2-node Kubernetes-backend cluster (API emulator)."""
     section = "peers: ssh concurrency, kubernetes"
     try:
-        from tests.kube_emulator import Emulator
-        from tests.kube_emulator.images import READY_IMAGE  # the default image has no sshd there
+        from kube_emulator import Emulator
+        from kube_emulator.images import READY_IMAGE  # the default image has no sshd there
     except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
         return [
             Figure(
@@ -678,7 +678,7 @@ def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[
                 name="(not measured)",
                 unit="s",
                 value=None,
-                note=f"tests.kube_emulator not importable: {type(exc).__name__}: {exc}",
+                note=f"kube_emulator not importable: {type(exc).__name__}: {exc}",
             )
         ]
     import pytest_sky

@@ -58,10 +58,10 @@ def _pytest_wall(test_file: Path, kubeconfig: Path, home: Path, image: str) -> f
 def shared_clusters(quick: bool) -> list[Figure]:
     """Ten tests with ``scope="module"`` against the same ten with a cluster each."""
     try:
-        from tests.kube_emulator import Emulator
-        from tests.kube_emulator.images import READY_IMAGE  # the default image has no sshd there
+        from kube_emulator import Emulator
+        from kube_emulator.images import READY_IMAGE  # the default image has no sshd there
     except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
-        note = f"tests.kube_emulator not importable: {type(exc).__name__}: {exc}"
+        note = f"kube_emulator not importable: {type(exc).__name__}: {exc}"
         return [Figure(section=SECTION, name="(not measured)", unit="s", value=None, note=note)]
     reps = 1 if quick else 3
     walls: dict[str, list[float]] = {scope: [] for scope in MARKERS}

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from kube_emulator import Emulator
 
 
 @pytest.fixture
@@ -31,13 +36,53 @@ def ready_node_image() -> Iterator[str]:
     models images, and the default one has no sshd and, like a cluster without egress, cannot
     install one.  ``tests/test_kube_images.py`` unsets it to test exactly that."""
     try:
-        from tests.kube_emulator.images import READY_IMAGE
+        from kube_emulator.images import READY_IMAGE
     except ImportError:  # no aiohttp: no emulator, and the Kubernetes tests skip
         yield ""
         return
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTEST_SKY_KUBE_IMAGE", READY_IMAGE)
         yield READY_IMAGE
+
+
+@contextlib.contextmanager
+def _emulator(tmp_path_factory: pytest.TempPathFactory, **config: Any) -> Iterator[Emulator]:
+    """A Kubernetes API emulator with ``Emulator`` keywords ``config`` and a state directory
+    of its own; once it has stopped, nothing of it may be left on this machine."""
+    pytest.importorskip("kubernetes", reason="pip install kubernetes")
+    pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+    from kube_emulator import Emulator
+    from tests.kube_helpers import leftovers
+
+    state_dir = tmp_path_factory.mktemp("kube-emulator")
+    with Emulator(state_dir=state_dir, **config) as emulator:
+        yield emulator
+    assert leftovers(str(state_dir)) == []
+    assert not any(state_dir.iterdir())
+
+
+@pytest.fixture(scope="session")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """One emulator in its default configuration (three nodes, policies on), for every module
+    that needs no other: starting one per module cost a bridge, a DNS server and seconds
+    each.  Modules that share it name their clusters, pods and namespaces after themselves,
+    clear the faults they set, and leave nothing of theirs behind, so that no module's
+    result depends on which ran before it."""
+    with _emulator(tmp_path_factory) as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def start_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Emulator]]:
+    """Starts an emulator of a configuration the module needs (``start_emulator(nodes=1,
+    kube_version="1.35")``), stopped when the module is done; a module that needs one
+    overrides ``emu`` with it."""
+    with contextlib.ExitStack() as stack:
+
+        def start(**config: Any) -> Emulator:
+            return stack.enter_context(_emulator(tmp_path_factory, **config))
+
+        yield start
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -19,17 +18,7 @@ from pytest_sky.backends import local, netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.cluster import reap_orphans
 from pytest_sky.state import StateStore
-
-IP = netns.require_tools()["ip"] if os.geteuid() == 0 else "ip"
-
-
-def free_indexes(count: int) -> int:
-    """A run of ``count`` consecutive subnet indexes (in 198.18.x) with no bridge on them."""
-    for _ in range(1000):
-        start = random.randrange(2, 250 - count)
-        if not any(netns.link_exists(local.bridge_name(i)) for i in range(start, start + count)):
-            return start
-    raise AssertionError("no free subnet indexes")
+from tests.bridges import IP, free_indexes
 
 
 def test_a_reaper_never_deletes_a_bridge_whose_creator_is_still_at_work(tmp_path: Path) -> None:

@@ -273,9 +273,9 @@ def test_cli_faults_act_on_a_cluster_of_another_process(cluster, tmp_path):
 def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tmp_path, monkeypatch):
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+    from kube_emulator import Emulator
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
-    from tests.kube_emulator import Emulator
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     with Emulator(nodes=2) as emu:
@@ -318,9 +318,9 @@ def _keyscan(cluster, ip: str) -> str:
 def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new_ip(tmp_path, monkeypatch):
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+    from kube_emulator import Emulator
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
-    from tests.kube_emulator import Emulator
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     with Emulator(nodes=2) as emu:

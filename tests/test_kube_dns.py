@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,8 +17,8 @@ pytest.importorskip("aiohttp")
 
 from kubernetes import client  # noqa: E402
 
-from tests.kube_emulator import Emulator  # noqa: E402
-from tests.kube_emulator.dns import (  # noqa: E402
+from kube_emulator import Emulator  # noqa: E402
+from kube_emulator.dns import (  # noqa: E402
     Answer,
     Query,
     Question,
@@ -32,11 +31,10 @@ from tests.kube_emulator.dns import (  # noqa: E402
     resolv_conf,
     respond,
 )
-from tests.kube_emulator.store import Store  # noqa: E402
-from tests.test_kube_emulator import (  # noqa: E402
+from kube_emulator.store import Store  # noqa: E402
+from tests.kube_helpers import (  # noqa: E402
     api,
     delete_and_wait,
-    leftovers,
     needs_root,
     pod_manifest,
     run,
@@ -46,14 +44,6 @@ from tests.test_kube_emulator import (  # noqa: E402
 
 LABELS = {"app": "dnsgrp"}
 PODS = ("dnsgrp-head", "dnsgrp-worker1", "dnsgrp-worker2")
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    state_dir = tmp_path_factory.mktemp("kube-dns")
-    with Emulator(nodes=3, state_dir=state_dir) as emulator:
-        yield emulator
-    assert leftovers(str(state_dir)) == []
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +28,30 @@ from pytest_sky.backends.confine import CAPABILITY_BITS
 kubernetes = pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
-from kubernetes import client, config, watch  # noqa: E402
+from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from kubernetes.stream import portforward, stream, ws_client  # noqa: E402
 
+from kube_emulator import Emulator  # noqa: E402
+from kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
+from kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
 from pytest_sky.backends import netns  # noqa: E402
-from pytest_sky.doctor import link_owners, node_processes  # noqa: E402
-from tests.kube_emulator import Emulator, images  # noqa: E402
-from tests.kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
-from tests.kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
+from tests.kube_helpers import (  # noqa: E402
+    api,
+    delete_and_wait,
+    events,
+    leftovers,
+    needs_root,
+    pod_manifest,
+    run,
+    running,
+    unschedulable,
+    wait_for,
+    waiting_reason,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
 
 # A tiny TCP server on port 22 standing in for sshd: a banner, then it echoes upper-cased.
 ECHO_SERVER = """
@@ -61,127 +72,6 @@ while True:
     c, _ = s.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
-
-
-def leftovers(scope: str) -> list[str]:
-    """Links and node processes that belong to ``scope`` (a state directory)."""
-    left = [f"link {n}" for n, owner in link_owners().items() if scope in owner]
-    left += [f"process {pid}: {cmd}" for pid, cmd in node_processes() if scope in cmd]
-    return left
-
-
-def api(kubeconfig: Path, context: str | None = None) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig), context=context))
-
-
-def pod_manifest(
-    name: str,
-    labels: dict[str, str],
-    *,
-    command: list[str] | None = None,
-    anti_affinity: str | None = "preferred",
-    gpus: int = 0,
-    restart: str = "Never",
-    subdomain: str | None = None,
-    secret: str | None = None,
-) -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": "main",
-        "image": images.SLIM_IMAGE,  # python3 (the echo server needs it), no sshd
-        "command": command or ["sleep", "infinity"],
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-    }
-    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart}
-    if gpus:
-        container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
-        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    if subdomain:
-        spec["hostname"] = name
-        spec["subdomain"] = subdomain
-    if secret:
-        container["volumeMounts"] = [{"name": "keys", "mountPath": "/run/sky-keys", "readOnly": True}]
-        spec["volumes"] = [{"name": "keys", "secret": {"secretName": secret, "defaultMode": 0o600}}]
-    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
-    if anti_affinity == "preferred":
-        spec["affinity"] = {
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
-            }
-        }
-    elif anti_affinity == "required":
-        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
-
-
-def wait_for(
-    v1: client.CoreV1Api,
-    selector: str,
-    done: Callable[[dict[str, Any]], bool],
-    count: int,
-    timeout: float = 20,
-) -> dict[str, Any]:
-    """Watch pods matching ``selector`` until ``count`` of them satisfy ``done`` (by raw object)."""
-    seen: dict[str, Any] = {}
-    w = watch.Watch()
-    deadline = time.monotonic() + timeout
-    for event in w.stream(v1.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(timeout)):
-        obj = event["raw_object"]
-        seen[obj["metadata"]["name"]] = obj
-        if event["type"] == "DELETED":
-            seen.pop(obj["metadata"]["name"])
-        if sum(1 for o in seen.values() if done(o)) >= count or time.monotonic() > deadline:
-            w.stop()
-            break
-    assert sum(1 for o in seen.values() if done(o)) >= count, json.dumps(
-        {n: o.get("status") for n, o in seen.items()}, indent=1
-    )
-    return seen
-
-
-def running(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") == "Running"
-
-
-def waiting_reason(pod: dict[str, Any]) -> str:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
-    return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason", "")
-
-
-def unschedulable(pod: dict[str, Any]) -> bool:
-    return any(
-        c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
-def run(v1: client.CoreV1Api, pod: str, command: list[str]) -> tuple[int, str]:
-    resp = stream(
-        v1.connect_get_namespaced_pod_exec,
-        pod,
-        "default",
-        command=command,
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
-        _preload_content=False,
-    )
-    resp.run_forever(timeout=20)
-    code = resp.returncode  # first: read_all() empties every channel, the error channel too
-    return code, resp.read_all()
-
-
-def events(v1: client.CoreV1Api, pod: str) -> list[tuple[str, str]]:
-    items = v1.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}").items
-    return [(e.reason, e.message) for e in items]
-
-
-def delete_and_wait(v1: client.CoreV1Api, selector: str, timeout: float = 20) -> None:
-    v1.delete_collection_namespaced_pod("default", label_selector=selector)
-    deadline = time.monotonic() + timeout
-    while v1.list_namespaced_pod("default", label_selector=selector).items:
-        assert time.monotonic() < deadline, "pods were not deleted"
-        time.sleep(0.05)
 
 
 def forward(v1: client.CoreV1Api, pod: str, port: int = 22) -> socket.socket:
@@ -205,16 +95,9 @@ def banner(v1: client.CoreV1Api, pod: str) -> socket.socket:
 
 
 @pytest.fixture(scope="module")
-def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("kube-emulator")
-
-
-@pytest.fixture(scope="module")
-def emu(state_dir: Path) -> Iterator[Emulator]:
-    with Emulator(nodes=3, gpus_per_node=1, state_dir=state_dir) as emulator:
-        yield emulator
-    assert leftovers(str(state_dir)) == []
-    assert not any(state_dir.iterdir())
+def emu(start_emulator: Callable[..., Emulator]) -> Emulator:
+    """Nodes with a GPU each, for the scheduling tests."""
+    return start_emulator(nodes=3, gpus_per_node=1)
 
 
 @pytest.fixture(scope="module")
@@ -495,7 +378,7 @@ def _start_process(kubeconfig: Path, state: Path, *extra: str) -> subprocess.Pop
         [
             sys.executable,
             "-m",
-            "tests.kube_emulator",
+            "kube_emulator",
             "--kubeconfig",
             str(kubeconfig),
             "--state-dir",

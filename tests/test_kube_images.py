@@ -23,7 +23,7 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 from kubernetes import client
 from kubernetes.stream import stream
 
-from tests.kube_emulator import Emulator, images
+from kube_emulator import Emulator, images
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
 
@@ -35,12 +35,6 @@ PROBE = (
     "ls /var/lib/apt/lists | grep -q . && echo has-apt-lists; true"
 )
 EVERYTHING = ["has-sshd", "has-ssh", "has-mpirun", "has-torch", "has-apt-lists"]
-
-
-@pytest.fixture(scope="module")
-def emu() -> Emulator:
-    with Emulator(nodes=2) as emu:
-        yield emu
 
 
 def v1(emu: Emulator) -> client.CoreV1Api:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kube_emulator import admission
 from pytest_sky.backends import kube_manifests as m
 from pytest_sky.backends import privileges
 from pytest_sky.resources import Resources
-from tests.kube_emulator import admission
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
@@ -109,7 +109,7 @@ def test_the_baseline_check_catches_what_baseline_forbids():
 
 def test_default_requests_fit_three_pods_on_a_laptop_kind_node():
     """kind in a 4-CPU / 8 GiB Docker VM, less about 1 CPU and 0.5 GiB for the control plane."""
-    from tests.kube_emulator.scheduler import parse_quantity
+    from kube_emulator.scheduler import parse_quantity
 
     requests = m.container_resources(Resources())["requests"]
     assert 3 * parse_quantity(requests["cpu"]) <= 3 and 3 * parse_quantity(requests["memory"]) <= 7.5 * 2**30

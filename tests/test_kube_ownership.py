@@ -25,7 +25,7 @@ from pytest_sky.backends.kubernetes import KubernetesBackend
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator
+from kube_emulator import Emulator
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 NS = "default"
@@ -39,12 +39,6 @@ ALLOWED = {
     ("get", "persistentvolumeclaims"),
     ("get", "namespaces"),
 }
-
-
-@pytest.fixture(scope="module")
-def emu():
-    with Emulator(nodes=3) as emu:
-        yield emu
 
 
 def api(emu: Emulator):

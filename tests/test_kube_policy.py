@@ -1,13 +1,12 @@
 """A cluster's pods against a namespace's policies and a cluster's GPU node labels.
 
 Each test launches through ``pytest_sky.launch`` against the emulator, whose admission
-(``tests/kube_emulator/admission.py``) enforces LimitRange, ResourceQuota and Pod Security
+(``kube_emulator/admission.py``) enforces LimitRange, ResourceQuota and Pod Security
 with the real API server's messages, and whose nodes are small and may carry GPU product labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,7 @@ from pytest_sky.errors import ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator
-
-
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emulator]:
-    with Emulator(nodes=3) as e:
-        yield e
+from kube_emulator import Emulator
 
 
 def api(emu: Emulator):  # the client's CoreV1Api

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ from pytest_sky.ssh import kube_proxy
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
-from tests.kube_emulator.rbac import (
+from kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
+from kube_emulator.rbac import (
     Authorizer,
     Forbidden,
     Grant,
@@ -185,21 +185,20 @@ def test_the_backends_line_for_a_denial_names_verb_resource_and_fix() -> None:
 # -- against the emulator --------------------------------------------------------------------
 
 
-def emulator(version: str) -> Iterator[Emulator]:
+def emulator(start_emulator: Callable[..., Emulator], version: str) -> Emulator:
     if os.geteuid() != 0:
         pytest.skip("the emulator's pods are namespace nodes: needs root")
-    with Emulator(nodes=2, kube_version=version) as e:
-        yield e
+    return start_emulator(nodes=2, kube_version=version)
 
 
 @pytest.fixture(scope="module")
-def emu134() -> Iterator[Emulator]:
-    yield from emulator("1.34")
+def emu134(start_emulator: Callable[..., Emulator]) -> Emulator:
+    return emulator(start_emulator, "1.34")
 
 
 @pytest.fixture(scope="module")
-def emu135() -> Iterator[Emulator]:
-    yield from emulator("1.35")
+def emu135(start_emulator: Callable[..., Emulator]) -> Emulator:
+    return emulator(start_emulator, "1.35")
 
 
 @pytest.fixture(params=["1.34", "1.35"])

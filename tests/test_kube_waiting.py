@@ -20,7 +20,7 @@ from pytest_sky.errors import ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator
+from kube_emulator import Emulator
 
 FAST = 10.0  # seconds from the fault to the launch's error
 
@@ -29,12 +29,6 @@ FAST = 10.0  # seconds from the fault to the launch's error
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
     return tmp_path / "state"
-
-
-@pytest.fixture(scope="module")
-def emu():
-    with Emulator(nodes=2) as emu:
-        yield emu
 
 
 def launch(emu: Emulator, name: str) -> pytest_sky.Cluster:

@@ -18,15 +18,9 @@ from pytest_sky.errors import BackendUnavailableError, ProvisionError
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from tests.kube_emulator import Emulator, images
+from kube_emulator import Emulator, images
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
-
-
-@pytest.fixture(scope="module")
-def emu3():
-    with Emulator(nodes=3) as emu:
-        yield emu
 
 
 def launch(emu: Emulator, name: str, num_nodes: int = 2, **kwargs: object) -> pytest_sky.Cluster:
@@ -55,8 +49,8 @@ def node_names(emu: Emulator, cluster: str) -> list[str]:
     return [p.spec.node_name for p in pods]
 
 
-def test_pods_run_tasks_and_answer_ssh(home: Path, emu3: Emulator):
-    with launch(emu3, "k8s-basic") as c:
+def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
+    with launch(emu, "k8s-basic") as c:
         res = c.run('echo "$SKYPILOT_NODE_RANK $(hostname)"; echo "$SKYPILOT_CLUSTER_INFO"')
         assert res.returncode == 0, res.output
         assert [r.stdout.splitlines()[0] for r in res.ranks] == ["0 k8s-basic-head", "1 k8s-basic-worker1"]
@@ -70,12 +64,12 @@ def test_pods_run_tasks_and_answer_ssh(home: Path, emu3: Emulator):
         # Pod IPs are the node IPs, and names resolve between pods (the headless Service).
         res = c.run("getent ahostsv4 k8s-basic-worker1.k8s-basic | head -n1 | cut -d' ' -f1")
         assert {r.stdout.strip() for r in res.ranks} == {c.node_ips[1]}
-    assert ours(emu3, "k8s-basic") == []
+    assert ours(emu, "k8s-basic") == []
 
 
-def test_spread_over_nodes_when_they_fit(home: Path, emu3: Emulator):
-    with launch(emu3, "k8s-spread", num_nodes=3):
-        assert len(set(node_names(emu3, "k8s-spread"))) == 3
+def test_spread_over_nodes_when_they_fit(home: Path, emu: Emulator):
+    with launch(emu, "k8s-spread", num_nodes=3):
+        assert len(set(node_names(emu, "k8s-spread"))) == 3
 
 
 def test_one_node_cluster_still_schedules_every_pod(home: Path):
@@ -103,10 +97,10 @@ def test_faults_are_clear_and_leave_nothing(home: Path, fault: dict, expected: s
         assert not (home / "clusters" / "k8s-fault").exists()
 
 
-def test_gpus_beyond_capacity_are_unschedulable_with_the_events(home: Path, emu3: Emulator):
+def test_gpus_beyond_capacity_are_unschedulable_with_the_events(home: Path, emu: Emulator):
     with pytest.raises(ProvisionError, match=r"cannot be scheduled.*Insufficient nvidia.com/gpu"):
-        launch(emu3, "k8s-nogpu", gpus="V100:1")
-    assert ours(emu3, "k8s-nogpu") == []
+        launch(emu, "k8s-nogpu", gpus="V100:1")
+    assert ours(emu, "k8s-nogpu") == []
 
 
 def test_status_shows_the_fractional_gpu_request(home: Path):
@@ -146,47 +140,47 @@ def test_status_shows_the_fractional_gpu_request(home: Path):
     ],
 )
 def test_configuration_problems_are_one_line(
-    home: Path, emu3: Emulator, options: dict, expected: str, monkeypatch: pytest.MonkeyPatch
+    home: Path, emu: Emulator, options: dict, expected: str, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    opts = {"kubeconfig": str(emu3.kubeconfig_path), **options}
+    opts = {"kubeconfig": str(emu.kubeconfig_path), **options}
     with pytest.raises(BackendUnavailableError) as err:
         pytest_sky.launch(num_nodes=2, name="k8s-bad", backend="kubernetes", backend_options=opts)
     assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (home / "clusters" / "k8s-bad").exists()
 
 
-def test_no_permission_to_create_pods(home: Path, emu3: Emulator):
+def test_no_permission_to_create_pods(home: Path, emu: Emulator):
     with pytest.raises(ProvisionError, match="no permission in namespace 'default'"):
         pytest_sky.launch(
             num_nodes=2,
             name="k8s-ro",
             backend="kubernetes",
-            backend_options={"kubeconfig": str(emu3.kubeconfig_path), "context": "kube-emulator-readonly"},
+            backend_options={"kubeconfig": str(emu.kubeconfig_path), "context": "kube-emulator-readonly"},
         )
-    assert ours(emu3, "k8s-ro") == []
+    assert ours(emu, "k8s-ro") == []
 
 
-def test_reaper_deletes_pods_of_a_dead_owner(home: Path, emu3: Emulator):
+def test_reaper_deletes_pods_of_a_dead_owner(home: Path, emu: Emulator):
     code = (
         "import os, pytest_sky\n"
         f"c = pytest_sky.launch(num_nodes=2, name='k8s-orphan', backend='kubernetes', "
-        f"backend_options={{'kubeconfig': {str(emu3.kubeconfig_path)!r}}})\n"
+        f"backend_options={{'kubeconfig': {str(emu.kubeconfig_path)!r}}})\n"
         "os._exit(0)  # the owner dies without tearing down\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env={**os.environ})
-    assert ours(emu3, "k8s-orphan")
+    assert ours(emu, "k8s-orphan")
     assert "k8s-orphan" in pytest_sky.reap_orphans()
-    assert ours(emu3, "k8s-orphan") == []
+    assert ours(emu, "k8s-orphan") == []
 
 
-def test_dropped_port_forward_fails_the_run_clearly_and_the_next_one_reconnects(home: Path, emu3: Emulator):
+def test_dropped_port_forward_fails_the_run_clearly_and_the_next_one_reconnects(home: Path, emu: Emulator):
     import threading
     import time
 
     from pytest_sky.errors import RunError
 
-    with launch(emu3, "k8s-drop") as c:
+    with launch(emu, "k8s-drop") as c:
         assert c.run("true").returncode == 0
         outcome: list[BaseException | object] = []
         started = threading.Event()
@@ -201,35 +195,35 @@ def test_dropped_port_forward_fails_the_run_clearly_and_the_next_one_reconnects(
         t.start()
         assert started.wait(60), "the run never started"
         start = time.monotonic()
-        emu3.set_faults(drop_portforwards=True)
+        emu.set_faults(drop_portforwards=True)
         t.join(30)
         assert not t.is_alive() and time.monotonic() - start < 10
         (err,) = outcome
         assert isinstance(err, RunError) and "\n" not in str(err), err
         assert c.run("echo back").returncode == 0  # a new port-forward, a new connection
-    assert ours(emu3, "k8s-drop") == []
+    assert ours(emu, "k8s-drop") == []
 
 
-def test_evicted_worker_pod_fails_the_job_naming_the_rank(home: Path, emu3: Emulator):
+def test_evicted_worker_pod_fails_the_job_naming_the_rank(home: Path, emu: Emulator):
     import time
 
     from pytest_sky.job import JobStatus
 
-    with launch(emu3, "k8s-evict", num_nodes=3) as c:
+    with launch(emu, "k8s-evict", num_nodes=3) as c:
         job = c.submit("echo started; sleep 90")
         deadline = time.monotonic() + 30
         while job.logs().count("started") < 3:  # every rank is running: the eviction is mid-job
             assert time.monotonic() < deadline, "the job never started"
-        api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+        api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
         start = time.monotonic()
         api.delete_namespaced_pod("k8s-evict-worker2", "default", grace_period_seconds=0)
         assert job.wait(30) == JobStatus.FAILED
         assert time.monotonic() - start < 5
         assert "rank 2" in job.error, job.error
-    assert ours(emu3, "k8s-evict") == []
+    assert ours(emu, "k8s-evict") == []
 
 
-def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester, home: Path, emu3: Emulator):
+def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester, home: Path, emu: Emulator):
     pytester.makepyfile(
         test_inner="""
         import pytest
@@ -242,17 +236,17 @@ def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester,
             assert res.ranks[1].stdout.strip() == sky_cluster.name + "-worker1"
         """
     )
-    os.environ["KUBECONFIG"] = str(emu3.kubeconfig_path)
+    os.environ["KUBECONFIG"] = str(emu.kubeconfig_path)
     try:
         result = pytester.runpytest_subprocess("--kubernetes", "-n", "4", "-p", "no:cacheprovider")
     finally:
         del os.environ["KUBECONFIG"]
     result.assert_outcomes(passed=4)
-    api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
     assert api.list_namespaced_pod("default", label_selector="app.kubernetes.io/managed-by=pytest-sky").items == []
 
 
-def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: Path, emu3: Emulator, tmp_path):
+def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: Path, emu: Emulator, tmp_path):
     """workdir and file_mounts go over SSH as a tarball, unpacked on each pod.  The staging
     directory's own mode (0700) must not land on the pod's $HOME or on / (the emulator's
     pods share this machine's /: a 0700 / leaves every non-root process unable to load libc)."""
@@ -264,7 +258,7 @@ def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: 
     extra = tmp_path / "extra.txt"
     extra.write_text("mounted\n")
     root_mode = os.stat("/").st_mode & 0o7777
-    with launch(emu3, "k8s-files", num_nodes=2) as c:
+    with launch(emu, "k8s-files", num_nodes=2) as c:
         before = [r.stdout.strip() for r in c.run("stat -c %a ~").ranks]
         task = Task(
             run="cat data.txt ~/extra.txt; stat -c %a ~",
@@ -278,7 +272,7 @@ def test_files_reach_every_pod_without_touching_the_modes_of_home_or_root(home: 
     assert os.stat("/").st_mode & 0o7777 == root_mode
 
 
-def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch: pytest.MonkeyPatch):
+def test_a_tasks_infra_and_image_id_act(home: Path, emu: Emulator, monkeypatch: pytest.MonkeyPatch):
     """``infra: kubernetes`` in a task runs it on Kubernetes (no backend named anywhere) and
     its ``image_id`` is the pods' image: neither is accepted and then ignored."""
     for name in ("PYTEST_SKY_BACKEND", "PYTEST_SKY_KUBERNETES", "PYTEST_SKY_KUBE_IMAGE"):
@@ -287,16 +281,16 @@ def test_a_tasks_infra_and_image_id_act(home: Path, emu3: Emulator, monkeypatch:
     task = pytest_sky.Task(
         run="hostname", num_nodes=2, resources=pytest_sky.Resources(infra="kubernetes", image_id=f"docker:{image}")
     )
-    c = pytest_sky.launch(task, name="k8s-infra", backend_options={"kubeconfig": str(emu3.kubeconfig_path)})
+    c = pytest_sky.launch(task, name="k8s-infra", backend_options={"kubeconfig": str(emu.kubeconfig_path)})
     try:
         assert c.backend == "kubernetes"
         assert [r.stdout.strip() for r in c.last_result.ranks] == ["k8s-infra-head", "k8s-infra-worker1"]
-        api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+        api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
         pods = api.list_namespaced_pod("default", label_selector=manifests.selector("k8s-infra")).items
         assert {p.spec.containers[0].image for p in pods} == {image}
     finally:
         c.down()
-    assert ours(emu3, "k8s-infra") == []
+    assert ours(emu, "k8s-infra") == []
 
 
 def make_claim(emu: Emulator, name: str, mode: str) -> None:
@@ -309,9 +303,9 @@ def make_claim(emu: Emulator, name: str, mode: str) -> None:
     )
 
 
-def test_a_shared_directory_needs_a_readwritemany_claim(home: Path, emu3: Emulator):
+def test_a_shared_directory_needs_a_readwritemany_claim(home: Path, emu: Emulator):
     """Without a claim, with a missing one or a ReadWriteOnce one: one line, nothing created."""
-    make_claim(emu3, "rwo-claim", "ReadWriteOnce")
+    make_claim(emu, "rwo-claim", "ReadWriteOnce")
     cases = [
         (
             None,
@@ -329,20 +323,20 @@ def test_a_shared_directory_needs_a_readwritemany_claim(home: Path, emu3: Emulat
                 num_nodes=2,
                 name="k8s-shared",
                 backend="kubernetes",
-                backend_options={"kubeconfig": str(emu3.kubeconfig_path), "shared_pvc": claim},
+                backend_options={"kubeconfig": str(emu.kubeconfig_path), "shared_pvc": claim},
                 shared_dir="/mnt/shared",
             )
-        assert ours(emu3, "k8s-shared") == []
+        assert ours(emu, "k8s-shared") == []
         assert not (home / "clusters" / "k8s-shared").exists()
 
 
-def test_a_shared_directory_on_a_claim_is_shared_by_every_pod(home: Path, emu3: Emulator):
-    make_claim(emu3, "team-rwx", "ReadWriteMany")
+def test_a_shared_directory_on_a_claim_is_shared_by_every_pod(home: Path, emu: Emulator):
+    make_claim(emu, "team-rwx", "ReadWriteMany")
     c = pytest_sky.launch(
         num_nodes=2,
         name="k8s-rwx",
         backend="kubernetes",
-        backend_options={"kubeconfig": str(emu3.kubeconfig_path), "shared_pvc": "team-rwx"},
+        backend_options={"kubeconfig": str(emu.kubeconfig_path), "shared_pvc": "team-rwx"},
         shared_dir="/mnt/shared",
     )
     try:
@@ -351,28 +345,28 @@ def test_a_shared_directory_on_a_claim_is_shared_by_every_pod(home: Path, emu3: 
         assert [r.stdout.splitlines()[0] for r in res.ranks] == ["k8s-rwx-worker1"] * 2, res.output
     finally:
         c.down()
-    assert ours(emu3, "k8s-rwx") == []
+    assert ours(emu, "k8s-rwx") == []
     # Its directory in the claim was emptied before its pods went; the claim itself stays.
-    assert list((emu3.server.instance_dir / "claims" / "default" / "team-rwx" / "k8s-rwx").iterdir()) == []
+    assert list((emu.server.instance_dir / "claims" / "default" / "team-rwx" / "k8s-rwx").iterdir()) == []
 
 
-def test_each_pod_sees_its_own_host_key_and_no_other(home: Path, emu3: Emulator):
-    with launch(emu3, "k8s-keys", num_nodes=3) as c:
+def test_each_pod_sees_its_own_host_key_and_no_other(home: Path, emu: Emulator):
+    with launch(emu, "k8s-keys", num_nodes=3) as c:
         res = c.run(f"ls {manifests.SECRET_MOUNT}")
         assert res.returncode == 0, res.output
         for rank, r in enumerate(res.ranks):
             files = r.stdout.split()
             assert [f for f in files if f.startswith("host_key_")] == [f"host_key_{rank}"], files
             assert {"authorized_keys", "id_ed25519", "agent.pyz", "sshd_config"} <= set(files), files
-    assert ours(emu3, "k8s-keys") == []
+    assert ours(emu, "k8s-keys") == []
 
 
-def test_same_named_clusters_in_two_namespaces_each_reach_their_own_pods(tmp_path: Path, emu3: Emulator):
+def test_same_named_clusters_in_two_namespaces_each_reach_their_own_pods(tmp_path: Path, emu: Emulator):
     """Both up at once, each launched from a state directory of its own: each ssh config's
     master reaches its own pods (one ControlPath for both sent B's commands to A's head)."""
     from pytest_sky.state import StateStore
 
-    api = KubernetesBackend(kubeconfig=str(emu3.kubeconfig_path)).api()
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
     api.create_namespace({"metadata": {"name": "psky-twin"}})
     clusters: list[pytest_sky.Cluster] = []
     try:
@@ -382,7 +376,7 @@ def test_same_named_clusters_in_two_namespaces_each_reach_their_own_pods(tmp_pat
                     num_nodes=2,
                     name="k8s-twin",
                     backend="kubernetes",
-                    backend_options={"kubeconfig": str(emu3.kubeconfig_path), "namespace": namespace},
+                    backend_options={"kubeconfig": str(emu.kubeconfig_path), "namespace": namespace},
                     store=StateStore(tmp_path / state),
                 )
             )
@@ -403,4 +397,4 @@ def test_same_named_clusters_in_two_namespaces_each_reach_their_own_pods(tmp_pat
         for c in reversed(clusters):
             c.down()
         api.delete_namespace("psky-twin")
-    assert ours(emu3, "k8s-twin") == []
+    assert ours(emu, "k8s-twin") == []

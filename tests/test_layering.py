@@ -1,97 +1,137 @@
-"""The package's import graph against the layer order written in its docstring.
+"""Each package's import graph against the layer order written in its docstring.
 
-A newcomer reads ``pytest_sky/__init__.py`` to learn which module may use which; this test
-keeps that true: no module imports one of a higher layer (lazily inside a function or under
-``TYPE_CHECKING`` included, since both still tie the two together), no import circle, and
-no module missing from the list.
+A newcomer reads ``pytest_sky/__init__.py`` (and ``kube_emulator/__init__.py`` for the
+Kubernetes API emulator) to learn which module may use which; this test keeps that true: no
+module imports one of a higher layer (lazily inside a function or under ``TYPE_CHECKING``
+included, since both still tie the two together), no import circle, and no module missing
+from the list.  Between the two packages the door is one module: the emulator reaches the
+plugin only through ``kube_emulator/product.py``, and the plugin never imports the emulator.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
-import pytest_sky
+import pytest
 
-ROOT = Path(pytest_sky.__file__).parent
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+REPO = Path(__file__).resolve().parent.parent
 
 
-MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+@dataclass(frozen=True)
+class Package:
+    name: str
+
+    @property
+    def root(self) -> Path:
+        return REPO / self.name
+
+    def module_name(self, path: Path) -> str:
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    @cached_property
+    def modules(self) -> dict[str, Path]:
+        return {self.module_name(p): p for p in self.root.rglob("*.py")}
+
+    def short(self, name: str) -> str:
+        return name.removeprefix(f"{self.name}.") if name != self.name else name
+
+    def layers(self) -> dict[str, int]:
+        """``{module: layer}`` from the numbered list in the package docstring."""
+        doc = ast.get_docstring(ast.parse((self.root / "__init__.py").read_text())) or ""
+        assert "Layers, lowest first" in doc, f"{self.name}'s docstring lost its layer list"
+        out = {}
+        for number, names in re.findall(r"^(\d+)\. (.+(?:\n {3}.+)*)$", doc, re.M):  # an item may go on, indented
+            for name in " ".join(names.split()).split(":")[0].split(","):
+                out[name.strip()] = int(number)
+        return out
+
+    def imports(self, name: str, of: str | None = None) -> set[str]:
+        """Every module of package ``of`` (this one by default) that ``name`` imports,
+        anywhere in its source; for this package, by short name."""
+        of = of or self.name
+        found = set()
+        for node in ast.walk(ast.parse(self.modules[name].read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if _within(a.name, of)}
+            elif isinstance(node, ast.ImportFrom) and node.module and _within(node.module, of):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in self.modules else node.module)
+        if of != self.name:
+            return found
+        return {self.short(m) for m in found} - {self.short(name)}
+
+    @cached_property
+    def graph(self) -> dict[str, set[str]]:
+        return {self.short(m): self.imports(m) for m in self.modules}
 
 
-def short(name: str) -> str:
-    return name.removeprefix("pytest_sky.") if name != "pytest_sky" else name
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
 
 
-def layers() -> dict[str, int]:
-    """``{module: layer}`` from the numbered list in the package docstring."""
-    doc = pytest_sky.__doc__ or ""
-    assert "Layers, lowest first" in doc, "the package docstring lost its layer list"
-    out = {}
-    for number, names in re.findall(r"^(\d+)\. (.+(?:\n {3}.+)*)$", doc, re.M):  # an item may go on, indented
-        for name in " ".join(names.split()).split(":")[0].split(","):
-            out[name.strip()] = int(number)
-    return out
+PLUGIN = Package("pytest_sky")
+EMULATOR = Package("kube_emulator")
+PACKAGES = [pytest.param(PLUGIN, id="pytest_sky"), pytest.param(EMULATOR, id="kube_emulator")]
 
 
-def imports(name: str) -> set[str]:
-    """Every module of ours that ``name`` imports, anywhere in its source."""
-    found = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pytest_sky")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pytest_sky"):
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
-    return {short(m) for m in found} - {short(name)}
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_has_a_layer(package: Package) -> None:
+    assert sorted(set(package.graph) - set(package.layers())) == []
+    assert sorted(set(package.layers()) - set(package.graph)) == [], "the docstring names modules that do not exist"
 
 
-GRAPH = {short(m): imports(m) for m in MODULES}
-
-
-def test_every_module_has_a_layer() -> None:
-    assert sorted(set(GRAPH) - set(layers())) == []
-    assert sorted(set(layers()) - set(GRAPH)) == [], "the docstring names modules that do not exist"
-
-
-def test_no_module_imports_from_a_higher_layer() -> None:
-    layer = layers()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_imports_from_a_higher_layer(package: Package) -> None:
+    layer = package.layers()
     upward = [
         f"{m} (layer {layer[m]}) imports {d} (layer {layer[d]})"
-        for m, deps in sorted(GRAPH.items())
+        for m, deps in sorted(package.graph.items())
         for d in sorted(deps)
         if layer[d] > layer[m]
     ]
     assert upward == []
 
 
-def test_no_import_circle() -> None:
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle(package: Package) -> None:
+    graph = package.graph
     circles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
-        for d in sorted(GRAPH[m]):
+        for d in sorted(graph[m]):
             if state.get(d) == 1:
                 circles.append(" -> ".join([*path[path.index(d) :], d]))
             elif d not in state:
                 visit(d, [*path, d])
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph):
         if m not in state:
             visit(m, [m])
     assert circles == []
 
 
+def test_the_emulator_reaches_the_plugin_only_through_its_product_module() -> None:
+    """One door: a change inside the plugin breaks the emulator in one visible place."""
+    through = {EMULATOR.short(m) for m in EMULATOR.modules if EMULATOR.imports(m, of=PLUGIN.name)}
+    assert through == {"product"}
+
+
+def test_the_plugin_never_imports_the_emulator() -> None:
+    assert [m for m in PLUGIN.modules if PLUGIN.imports(m, of=EMULATOR.name)] == []
+
+
 def test_the_checker_sees_an_upward_import() -> None:
     """The graph is read from the source: the package's own doors import the cluster."""
-    assert "cluster" in GRAPH["pytest_sky"] and "lifecycle" in GRAPH["cluster"]
-    assert "protocol" in GRAPH["agent"] and GRAPH["protocol"] == set()
+    graph = PLUGIN.graph
+    assert "cluster" in graph["pytest_sky"] and "lifecycle" in graph["cluster"]
+    assert "protocol" in graph["agent"] and graph["protocol"] == set()
+    assert "cluster" in EMULATOR.graph["streams"] and "store" in EMULATOR.graph["kubelet"]

@@ -18,7 +18,7 @@ import pytest
 from pytest_sky import procs
 from pytest_sky.backends import local, netns
 from pytest_sky.errors import ProvisionError
-from tests.test_backend_races import IP, free_indexes
+from tests.bridges import IP, free_indexes
 
 
 @pytest.fixture

@@ -22,48 +22,18 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
+from tests.plugin_helpers import (
+    RECORDER,
+    assert_no_traceback,
+    assert_nothing_left,
+    link_names,
+    needs_local_backend,
+    processes_mentioning,
+    recorded,
+    report_block,
+)
 
 HOST_HAS_GPU = any(Path("/dev").glob("nvidia[0-9]*"))
-
-
-def _local_backend_problem() -> str | None:
-    from pytest_sky.backends import netns
-    from pytest_sky.errors import SkyError
-
-    try:
-        netns.require_privileges()
-        netns.require_tools()
-    except SkyError as exc:
-        return str(exc)
-    return None
-
-
-_PROBLEM = _local_backend_problem()
-needs_local_backend = pytest.mark.skipif(_PROBLEM is not None, reason=f"local backend unavailable: {_PROBLEM}")
-
-# Inner test files import nothing from this repository: this is pasted at the top of those that
-# report the clusters they got.  `links` is the bridge and the host-side veths of the cluster.
-RECORDER = """
-import json, os, time
-from pathlib import Path
-
-
-def record(cluster, tag, **extra):
-    data = {
-        "tag": tag,
-        "name": cluster.name,
-        "num_nodes": cluster.num_nodes,
-        "node_ips": cluster.node_ips,
-        "links": [cluster.journal.load()["bridge"], *cluster.journal.load()["veths"]],
-        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
-        "time": time.time(),
-        **extra,
-    }
-    out = Path(os.environ["SKY_TEST_OUT"])
-    tmp = out / f".{tag}.tmp"
-    tmp.write_text(json.dumps(data))
-    tmp.rename(out / f"{tag}.json")
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -88,69 +58,6 @@ def sky_home(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
             pytest_sky.get_cluster(d.name).down()
         except pytest_sky.SkyError:
             pass
-
-
-def recorded(pytester: pytest.Pytester) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((pytester.path / "out").glob("*.json"))}
-
-
-def link_names() -> set[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-    return {line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line}
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """Live processes whose command line contains ``text`` (zombies have none)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{proc.name}: {cmdline.strip()}")
-    return found
-
-
-def cluster_leftovers(home: Path, info: dict) -> list[str]:
-    name = info["name"]
-    left = []
-    if (home / "clusters" / name).exists():
-        left.append(f"state directory {home / 'clusters' / name}")
-    left += [f"link {link}" for link in sorted(set(info["links"]) & link_names())]
-    left += [f"process {p}" for p in processes_mentioning(f"{home}/clusters/{name}/")]
-    return left
-
-
-def assert_nothing_left(home: Path, infos: list[dict]) -> None:
-    assert infos, "the inner tests recorded no cluster"
-    left = [f"{info['name']}: {what}" for info in infos for what in cluster_leftovers(home, info)]
-    assert not left, left
-    records = sorted(p.name for p in (home / "clusters").iterdir())
-    assert records == [], records
-
-
-def assert_no_traceback(result: pytest.RunResult) -> None:
-    """Neither a Python traceback nor pytest's own rendering of one (``>`` source, ``E`` lines)."""
-    text = result.stdout.str() + result.stderr.str()
-    assert "Traceback" not in text, text
-    assert not [line for line in text.splitlines() if re.match(r"^(>|E) ", line)], text
-
-
-def report_block(result: pytest.RunResult, title: str) -> list[str]:
-    """The non-blank lines of the report section whose ``____ title ____`` header is given."""
-    lines = result.stdout.lines
-    for i, line in enumerate(lines):
-        if re.fullmatch(rf"_+ {re.escape(title)} _+", line):
-            block = []
-            for following in lines[i + 1 :]:
-                if re.match(r"^[_=-]{3,} ", following):
-                    break
-                block.append(following)
-            return [line for line in block if line.strip()]
-    raise AssertionError(f"no report section {title!r} in:\n{result.stdout.str()}")
 
 
 # ----------------------------------------------------------------------------------- options

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_plugin
-from tests.test_plugin import (
+from tests.plugin_helpers import (
     RECORDER,
     assert_no_traceback,
     assert_nothing_left,

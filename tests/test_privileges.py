@@ -96,16 +96,6 @@ def host_state() -> dict[str, str]:
     return state
 
 
-@pytest.fixture(scope="module")
-def emu():
-    pytest.importorskip("kubernetes", reason="pip install kubernetes")
-    pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
-    from tests.kube_emulator import Emulator
-
-    with Emulator(nodes=2) as emu:
-        yield emu
-
-
 def on_kubernetes(emu, name: str, **kwargs: object) -> pytest_sky.Cluster:
     options = {"kubeconfig": str(emu.kubeconfig_path), **kwargs.pop("backend_options", {})}  # type: ignore[dict-item]
     return pytest_sky.launch(num_nodes=2, name=name, backend="kubernetes", backend_options=options, **kwargs)

@@ -1,10 +1,10 @@
-"""``python -m tests.kube_emulator --kubeconfig PATH [--nodes 3] [--gpus-per-node N] ...``
+"""``python -m kube_emulator --kubeconfig PATH [--nodes 3] [--gpus-per-node N] ...``
 
 Serves until SIGTERM/SIGINT/SIGHUP, then stops every pod it runs and removes its bridge,
 its instance directory and the kubeconfig it wrote.  The kubeconfig appears (atomically)
 only once the server answers, so a script can wait for the file::
 
-    python -m tests.kube_emulator --kubeconfig /tmp/kc --nodes 3 &
+    python -m kube_emulator --kubeconfig /tmp/kc --nodes 3 &
     while [ ! -e /tmp/kc ]; do sleep 0.1; done
     KUBECONFIG=/tmp/kc pytest smoke --kubernetes -k multinode
     kill %1
@@ -24,14 +24,14 @@ import signal
 import sys
 from pathlib import Path
 
-from pytest_sky.errors import SkyError
-from tests.kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.server import CONTEXTS, ROLE_CONTEXT, SHIPPED_ROLE, EmulatorServer, default_state_dir
+from kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
+from kube_emulator.faults import Faults
+from kube_emulator.product import SkyError
+from kube_emulator.server import CONTEXTS, ROLE_CONTEXT, SHIPPED_ROLE, EmulatorServer, default_state_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.kube_emulator", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kube_emulator", description=__doc__.split("\n")[0])
     p.add_argument("--kubeconfig", required=True, type=Path, help="where to write the kubeconfig once ready")
     p.add_argument("--nodes", type=int, default=3, help="emulated nodes (default 3)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu capacity of each node (default 0)")

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube_emulator import admission, scheduler
-from tests.kube_emulator.dns import DnsServer
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.kubelet import Kubelet
-from tests.kube_emulator.selectors import FieldSelector, LabelSelector
-from tests.kube_emulator.store import Obj, Store, random_suffix
+from kube_emulator import admission, scheduler
+from kube_emulator.dns import DnsServer
+from kube_emulator.faults import Faults
+from kube_emulator.kubelet import Kubelet
+from kube_emulator.selectors import FieldSelector, LabelSelector
+from kube_emulator.store import Obj, Store, random_suffix
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,6 @@ class Cluster:
             labels["nvidia.com/gpu.product"] = self.config.gpu_product
             if self.config.gpu_taint:
                 taints.append(dict(GPU_TAINT))
-        now = self.now()
         return {
             "metadata": {"name": name, "labels": labels, "annotations": {}},
             "spec": {
@@ -344,35 +343,40 @@ class Cluster:
                 "podCIDRs": [self.kubelet.subnet],
                 **({"taints": taints} if taints else {}),
             },
-            "status": {
-                "capacity": capacity,
-                "allocatable": dict(capacity),
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "kubelet is posting ready status",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "addresses": [
-                    {"type": "InternalIP", "address": self.kubelet.host_ip},
-                    {"type": "Hostname", "address": name},
-                ],
-                "nodeInfo": {
-                    "architecture": "amd64",
-                    "bootID": "",
-                    "containerRuntimeVersion": "pytest-sky-emulator://0.1",
-                    "kernelVersion": _kernel(),
-                    "kubeProxyVersion": self.config.kube_version,
-                    "kubeletVersion": self.config.kube_version,
-                    "machineID": "",
-                    "operatingSystem": "linux",
-                    "osImage": "pytest-sky kube emulator",
-                    "systemUUID": "",
-                },
+            "status": self._node_status(name, capacity),
+        }
+
+    def _node_status(self, name: str, capacity: dict[str, str]) -> Obj:
+        """A Ready node's status, as its kubelet posts it."""
+        now = self.now()
+        return {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": self.kubelet.host_ip},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "",
+                "containerRuntimeVersion": "pytest-sky-emulator://0.1",
+                "kernelVersion": _kernel(),
+                "kubeProxyVersion": self.config.kube_version,
+                "kubeletVersion": self.config.kube_version,
+                "machineID": "",
+                "operatingSystem": "linux",
+                "osImage": "pytest-sky kube emulator",
+                "systemUUID": "",
             },
         }
 
@@ -592,65 +596,11 @@ class Cluster:
         if not containers or not isinstance(containers, list):
             errors.append(("spec.containers", "Required value"))
             containers = []
-        volumes = spec.get("volumes") or []
-        volume_names = set()
-        for i, vol in enumerate(volumes):
-            vname = vol.get("name") or ""
-            errors += _dns_errors(vname, f"spec.volumes[{i}].name", "label")
-            if vname in volume_names:
-                errors.append((f"spec.volumes[{i}].name", f'Duplicate value: "{vname}"'))
-            volume_names.add(vname)
-        seen = set()
+        volume_names, volume_errors = _volume_errors(spec.get("volumes") or [])
+        errors += volume_errors
+        seen: set[str] = set()
         for i, c in enumerate(containers):
-            path = f"spec.containers[{i}]"
-            cname = c.get("name") or ""
-            if not cname:
-                errors.append((f"{path}.name", "Required value"))
-            else:
-                errors += _dns_errors(cname, f"{path}.name", "label")
-            if cname in seen:
-                errors.append((f"{path}.name", f'Duplicate value: "{cname}"'))
-            seen.add(cname)
-            if not c.get("image"):
-                errors.append((f"{path}.image", "Required value"))
-            for j, vm in enumerate(c.get("volumeMounts") or []):
-                if vm.get("name") not in volume_names:
-                    errors.append((f"{path}.volumeMounts[{j}].name", f'Not found: "{vm.get("name")}"'))
-                if not str(vm.get("mountPath") or "").startswith("/"):
-                    errors.append((f"{path}.volumeMounts[{j}].mountPath", "Invalid value: must be an absolute path"))
-            resources = c.get("resources") or {}
-            parsed: dict[str, dict[str, Any]] = {}
-            for kind in ("requests", "limits"):
-                for rname, qty in (resources.get(kind) or {}).items():
-                    try:
-                        parsed.setdefault(kind, {})[rname] = scheduler.parse_quantity(qty)
-                    except scheduler.QuantityError as exc:
-                        errors.append((f"{path}.resources.{kind}[{rname}]", f'Invalid value: "{qty}": {exc}'))
-            req, lim = parsed.get("requests", {}), parsed.get("limits", {})
-            for rname, value in req.items():
-                if rname in lim and value > lim[rname]:
-                    errors.append(
-                        (
-                            f"{path}.resources.requests",
-                            f'Invalid value: "{resources["requests"][rname]}": must be '
-                            f"less than or equal to {rname} limit of {resources['limits'][rname]}",
-                        )
-                    )
-                if "/" in rname and not rname.startswith("kubernetes.io/") and rname in lim and value != lim[rname]:
-                    errors.append(
-                        (
-                            f"{path}.resources.requests[{rname}]",
-                            f'Invalid value: "{resources["requests"][rname]}": '
-                            f"must be equal to {rname} limit of {resources['limits'][rname]}",
-                        )
-                    )
-                if "/" in rname and rname not in lim:
-                    errors.append(
-                        (
-                            f"{path}.resources.limits",
-                            "Required value: Limit must be set for non overcommitable resources",
-                        )
-                    )
+            errors += _container_errors(f"spec.containers[{i}]", c, seen, volume_names)
         for field in ("hostname", "subdomain"):
             if spec.get(field):
                 errors += _dns_errors(spec[field], f"spec.{field}", "label")
@@ -664,35 +614,7 @@ class Cluster:
             )
         if errors:
             raise invalid("Pod", name, errors)
-        # defaulting
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
-        spec.setdefault("dnsPolicy", "ClusterFirst")
-        spec.setdefault("securityContext", {})
-        spec.setdefault("schedulerName", "default-scheduler")
-        spec.setdefault("serviceAccountName", "default")
-        spec.setdefault("serviceAccount", spec["serviceAccountName"])
-        spec.setdefault("enableServiceLinks", True)
-        spec.setdefault("priority", 0)
-        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-        tolerations = spec.setdefault("tolerations", [])
-        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
-            if not any(t.get("key") == key for t in tolerations):
-                tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300})
-        for c in containers:
-            image = c["image"]
-            tag = image.rsplit("/", 1)[-1]
-            c.setdefault(
-                "imagePullPolicy",
-                "Always" if (":" not in tag or tag.endswith(":latest")) and "@" not in tag else "IfNotPresent",
-            )
-            c.setdefault("terminationMessagePath", "/dev/termination-log")
-            c.setdefault("terminationMessagePolicy", "File")
-            res = c.setdefault("resources", {})
-            if res.get("limits"):
-                requests = res.setdefault("requests", {})
-                for rname, qty in res["limits"].items():
-                    requests.setdefault(rname, qty)
+        _default_pod_spec(spec, containers)
         pod["status"] = {"phase": "Pending", "qosClass": _qos(containers)}
 
     def _admit_pod(self, pod: Obj, namespace: str) -> None:
@@ -1107,3 +1029,108 @@ def _kernel() -> str:
     import platform
 
     return platform.release()
+
+
+def _volume_errors(volumes: list[Obj]) -> tuple[set[str], list[tuple[str, str]]]:
+    """The pod's volume names, and what is wrong with them."""
+    errors: list[tuple[str, str]] = []
+    volume_names: set[str] = set()
+    for i, vol in enumerate(volumes):
+        vname = vol.get("name") or ""
+        errors += _dns_errors(vname, f"spec.volumes[{i}].name", "label")
+        if vname in volume_names:
+            errors.append((f"spec.volumes[{i}].name", f'Duplicate value: "{vname}"'))
+        volume_names.add(vname)
+    return volume_names, errors
+
+
+def _container_errors(path: str, c: Obj, seen: set[str], volume_names: set[str]) -> list[tuple[str, str]]:
+    """What is wrong with one container (``seen``: the names of those before it, added to)."""
+    errors: list[tuple[str, str]] = []
+    cname = c.get("name") or ""
+    if not cname:
+        errors.append((f"{path}.name", "Required value"))
+    else:
+        errors += _dns_errors(cname, f"{path}.name", "label")
+    if cname in seen:
+        errors.append((f"{path}.name", f'Duplicate value: "{cname}"'))
+    seen.add(cname)
+    if not c.get("image"):
+        errors.append((f"{path}.image", "Required value"))
+    for j, vm in enumerate(c.get("volumeMounts") or []):
+        if vm.get("name") not in volume_names:
+            errors.append((f"{path}.volumeMounts[{j}].name", f'Not found: "{vm.get("name")}"'))
+        if not str(vm.get("mountPath") or "").startswith("/"):
+            errors.append((f"{path}.volumeMounts[{j}].mountPath", "Invalid value: must be an absolute path"))
+    return errors + _resource_errors(path, c.get("resources") or {})
+
+
+def _resource_errors(path: str, resources: Obj) -> list[tuple[str, str]]:
+    """A container's requests and limits: quantities that parse, requests within limits,
+    extended resources (``vendor/name``) with a limit equal to the request."""
+    errors: list[tuple[str, str]] = []
+    parsed: dict[str, dict[str, Any]] = {}
+    for kind in ("requests", "limits"):
+        for rname, qty in (resources.get(kind) or {}).items():
+            try:
+                parsed.setdefault(kind, {})[rname] = scheduler.parse_quantity(qty)
+            except scheduler.QuantityError as exc:
+                errors.append((f"{path}.resources.{kind}[{rname}]", f'Invalid value: "{qty}": {exc}'))
+    req, lim = parsed.get("requests", {}), parsed.get("limits", {})
+    for rname, value in req.items():
+        if rname in lim and value > lim[rname]:
+            errors.append(
+                (
+                    f"{path}.resources.requests",
+                    f'Invalid value: "{resources["requests"][rname]}": must be '
+                    f"less than or equal to {rname} limit of {resources['limits'][rname]}",
+                )
+            )
+        if "/" in rname and not rname.startswith("kubernetes.io/") and rname in lim and value != lim[rname]:
+            errors.append(
+                (
+                    f"{path}.resources.requests[{rname}]",
+                    f'Invalid value: "{resources["requests"][rname]}": '
+                    f"must be equal to {rname} limit of {resources['limits'][rname]}",
+                )
+            )
+        if "/" in rname and rname not in lim:
+            errors.append(
+                (
+                    f"{path}.resources.limits",
+                    "Required value: Limit must be set for non overcommitable resources",
+                )
+            )
+    return errors
+
+
+def _default_pod_spec(spec: Obj, containers: list[Obj]) -> None:
+    """The API server's defaulting of a valid pod's spec."""
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("serviceAccountName", "default")
+    spec.setdefault("serviceAccount", spec["serviceAccountName"])
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("priority", 0)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    tolerations = spec.setdefault("tolerations", [])
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any(t.get("key") == key for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300})
+    for c in containers:
+        image = c["image"]
+        tag = image.rsplit("/", 1)[-1]
+        c.setdefault(
+            "imagePullPolicy",
+            "Always" if (":" not in tag or tag.endswith(":latest")) and "@" not in tag else "IfNotPresent",
+        )
+        c.setdefault("terminationMessagePath", "/dev/termination-log")
+        c.setdefault("terminationMessagePolicy", "File")
+        res = c.setdefault("resources", {})
+        if res.get("limits"):
+            requests = res.setdefault("requests", {})
+            for rname, qty in res["limits"].items():
+                requests.setdefault(rname, qty)

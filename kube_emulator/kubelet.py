@@ -1,9 +1,9 @@
 """The emulated kubelet: every bound pod runs as a namespace node of the local backend.
 
-A pod is a ``pytest_sky.backends.netns`` node whose first process is the container's
-command: its own network, UTS, mount and PID namespaces, one veth into the emulator's
-bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster, leased race-free the way
-the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
+A pod is a ``pytest_sky.backends.netns`` node (reached through ``product.py``) whose first
+process is the container's command: its own network, UTS, mount and PID namespaces, one
+veth into the emulator's bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster,
+leased race-free the way the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
 over this machine's, as a container's writable layer over its image, reset when the
 container restarts; the emulator's own state is hidden), a private ``/run``, and
 bind-mounted ``/etc/passwd``
@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import pty
 import random
 import shutil
 import signal
@@ -43,17 +44,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from pytest_sky import procs
-from pytest_sky.backends import netns, privileges
-from pytest_sky.backends.confine import Confinement
-from pytest_sky.backends.local import passwd_with_home
-from pytest_sky.errors import ProvisionError
-from tests.kube_emulator import dns, images
-
-if TYPE_CHECKING:
-    from tests.kube_emulator.cluster import Cluster
+from kube_emulator import dns, images, product
+from kube_emulator.faults import Faults
+from kube_emulator.product import Confinement, ProvisionError
+from kube_emulator.store import Obj, Store
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +98,7 @@ class PodRuntime:
     root: Path
     node_name: str
     ip: str | None = None
-    node: netns.NodeProcess | None = None
+    node: product.NodeProcess | None = None
     init_pidfd: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
@@ -116,7 +112,7 @@ class PodRuntime:
     started_at: str = ""
     view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
     #: What the container's processes hold (its securityContext's), exec sessions too.
-    confinement: Confinement = field(default_factory=privileges.for_node)
+    confinement: Confinement = field(default_factory=product.for_node)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -163,10 +159,32 @@ def socket_in_netns(pid: int, family: int) -> socket.socket:
         os.close(host)
 
 
+class PodHost(Protocol):
+    """What the kubelet needs of the API side (``cluster.Cluster``): written out here so the
+    kubelet sits below the cluster that owns it, as a real kubelet talks to an API server it
+    does not import."""
+
+    store: Store
+    faults: Faults
+    dns: dns.DnsServer
+
+    def now(self) -> str: ...
+
+    def record_event(
+        self, obj: Obj, type_: str, reason: str, message: str, *, component: str, container: int | None = None
+    ) -> None: ...
+
+    def delete(self, resource: str, namespace: str, name: str, options: dict[str, Any] | None = None) -> Obj: ...
+
+    def pod_stopped_for_deletion(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def trigger_scheduler(self) -> None: ...
+
+
 class Kubelet:
     """Runs the pods the scheduler bound, on one bridge for the whole emulated cluster."""
 
-    def __init__(self, cluster: Cluster, instance_dir: Path, mtu: int = 65535) -> None:
+    def __init__(self, cluster: PodHost, instance_dir: Path, mtu: int = 65535) -> None:
         self.cluster = cluster
         self.instance_dir = instance_dir
         self.mtu = mtu
@@ -189,18 +207,18 @@ class Kubelet:
 
     def start(self) -> None:
         """Lease a subnet by creating its bridge (atomic in the kernel), as the local backend does."""
-        netns.require_privileges()
-        self.tools = netns.require_tools()
-        netns.check_forward_policy()
+        product.require_privileges()
+        self.tools = product.require_tools()
+        product.check_forward_policy()
         self.instance_dir.mkdir(parents=True, exist_ok=True)
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
-            name = f"{netns.LINK_PREFIX}{index}"
-            if netns.link_exists(name):
+            name = f"{product.LINK_PREFIX}{index}"
+            if product.link_exists(name):
                 continue
             subnet, base = subnet_of(index)
-            if netns.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, str(self.instance_dir)):
+            if product.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, str(self.instance_dir)):
                 self.index, self.bridge, self.subnet, self.base = index, name, subnet, base
                 self.persist()
                 return
@@ -230,12 +248,12 @@ class Kubelet:
                 nodes[f"{rt.namespace}/{rt.name}"] = {
                     "pid": rt.node.pid,
                     "init_pid": rt.node.init_pid,
-                    "start_time": procs.start_time(rt.node.pid),
+                    "start_time": product.start_time(rt.node.pid),
                     "veth": rt.node.veth,
                 }
         record = {
             "pid": os.getpid(),
-            "start_time": procs.start_time(os.getpid()),
+            "start_time": product.start_time(os.getpid()),
             "bridge": self.bridge,
             "kubeconfig": self.kubeconfig,
             "nodes": nodes,
@@ -296,9 +314,9 @@ class Kubelet:
         leftovers = [rt.node for rt in self.runtimes.values() if rt.node is not None]
         loop = asyncio.get_running_loop()
         if leftovers:
-            await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], leftovers)
+            await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], leftovers)
         if self.bridge:
-            await loop.run_in_executor(self.pool, netns.delete_links, self.tools["ip"], [self.bridge])
+            await loop.run_in_executor(self.pool, product.delete_links, self.tools["ip"], [self.bridge])
             self.bridge = ""
         self.pool.shutdown(wait=False)
         self.netns_pool.shutdown(wait=False)
@@ -316,7 +334,8 @@ class Kubelet:
             if rt.node is not None:
                 node, rt.node = rt.node, None
                 self._close_pidfd(rt)
-                await asyncio.get_running_loop().run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], [node])
             if rt.ip is not None:
                 self.used_ips.discard(int(rt.ip.rsplit(".", 1)[1]))
             self.runtimes.pop(rt.key, None)
@@ -348,24 +367,7 @@ class Kubelet:
             await self._image_pull_failure(rt, container, unknown=True)
             return
         rt.view = view
-        # Volumes: retried while they fail, as the kubelet does (a Secret may come later).
-        mounts: Volumes | None = None
-        while mounts is None and not rt.deleting:
-            pod = self._pod(rt)
-            if pod is None:
-                return
-            try:
-                mounts = self._prepare_volumes(rt, pod, container)
-            except MountError as exc:
-                self.cluster.record_event(pod, "Warning", "FailedMount", str(exc), component="kubelet")
-                self._set_container(rt, waiting={"reason": "ContainerCreating"})
-                await rt.sleep(2.0)
-            except CreateError as exc:
-                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
-                self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
-                while not rt.deleting:
-                    await rt.sleep(3600)
-                return
+        mounts = await self._mount_volumes(rt, container)
         if rt.deleting or mounts is None or await self._start_fault(rt):
             return
         rt.ip = self.base + str(self._alloc_ip())
@@ -385,23 +387,45 @@ class Kubelet:
                 self._set_phase_done(rt, code)
                 return
             if rt.exits >= 2:
-                delay = min(10 * 2 ** (rt.exits - 2), 300)
-                cname = container["name"]
-                message = (
-                    f"back-off {delay}s restarting failed container={cname} pod={rt.name}_{rt.namespace}({rt.uid})"
-                )
-                self._set_container(rt, waiting={"reason": "CrashLoopBackOff", "message": message})
-                self.cluster.record_event(
-                    pod,
-                    "Warning",
-                    "BackOff",
-                    f"Back-off restarting failed container {cname} in pod {rt.name}_{rt.namespace}({rt.uid})",
-                    component="kubelet",
-                    container=0,
-                )
-                await rt.sleep(delay)
+                await self._back_off(rt, pod, container["name"])
             with contextlib.suppress(OSError):
                 os.replace(rt.log_path, rt.root / "node.log.previous")
+
+    async def _mount_volumes(self, rt: PodRuntime, container: dict[str, Any]) -> Volumes | None:
+        """The pod's volumes, retried while they fail, as the kubelet does (a Secret may come
+        later); None when the pod is gone or being deleted, or its container cannot be created."""
+        while not rt.deleting:
+            pod = self._pod(rt)
+            if pod is None:
+                return None
+            try:
+                return self._prepare_volumes(rt, pod, container)
+            except MountError as exc:
+                self.cluster.record_event(pod, "Warning", "FailedMount", str(exc), component="kubelet")
+                self._set_container(rt, waiting={"reason": "ContainerCreating"})
+                await rt.sleep(2.0)
+            except CreateError as exc:
+                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
+                self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
+                while not rt.deleting:
+                    await rt.sleep(3600)
+                return None
+        return None
+
+    async def _back_off(self, rt: PodRuntime, pod: dict[str, Any], cname: str) -> None:
+        """CrashLoopBackOff: the kubelet's restart delay, doubling from 10 s to 5 min."""
+        delay = min(10 * 2 ** (rt.exits - 2), 300)
+        message = f"back-off {delay}s restarting failed container={cname} pod={rt.name}_{rt.namespace}({rt.uid})"
+        self._set_container(rt, waiting={"reason": "CrashLoopBackOff", "message": message})
+        self.cluster.record_event(
+            pod,
+            "Warning",
+            "BackOff",
+            f"Back-off restarting failed container {cname} in pod {rt.name}_{rt.namespace}({rt.uid})",
+            component="kubelet",
+            container=0,
+        )
+        await rt.sleep(delay)
 
     async def _start_fault(self, rt: PodRuntime) -> bool:
         """An injected fault between mounting the volumes and starting the container (see
@@ -549,7 +573,7 @@ class Kubelet:
         return target
 
     def _container_env(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": netns.NODE_HOME}
+        env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": product.NODE_HOME}
         for source in container.get("envFrom") or []:
             ref = source.get("secretRef")
             if ref:
@@ -576,16 +600,16 @@ class Kubelet:
                 raw = (secret.get("data") or {}).get(sref.get("key", ""))
                 value = base64.b64decode(raw).decode(errors="replace") if raw is not None else ""
             env[item["name"]] = value or ""
-        env["HOME"] = netns.NODE_HOME  # root's home: the pod's own directory, mounted there
+        env["HOME"] = product.NODE_HOME  # root's home: the pod's own directory, mounted there
         return env
 
     def _node_spec(
         self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any], mounts: Volumes
-    ) -> netns.NodeSpec:
+    ) -> product.NodeSpec:
         (rt.root / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
         home = rt.root / "home"
         home.mkdir(exist_ok=True, mode=0o700)
-        (rt.root / "etc" / "passwd").write_text(passwd_with_home())
+        (rt.root / "etc" / "passwd").write_text(product.passwd_with_home())
         hosts = rt.root / "etc" / "hosts"
         hosts.write_text(self._hosts_for(rt))
         (rt.root / "etc" / "resolv.conf").write_text(dns.resolv_conf(self.cluster.dns.address, rt.namespace))
@@ -600,15 +624,15 @@ class Kubelet:
         rt.env = self._container_env(rt, pod, container)
         # What a runtime makes of the pod's securityContexts, carried out by the node's init
         # as for a local node (one definition, ``privileges``).
-        rt.confinement = privileges.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
+        rt.confinement = product.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
         # The node inherits the emulator's cwd; a container starts in its workingDir.
         command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         octet = rt.ip.rsplit(".", 1)[1] if rt.ip else "0"
-        return netns.NodeSpec(
+        return product.NodeSpec(
             hostname=rt.hostname,
             ip=rt.ip or "",
             root=rt.root,
-            veth=f"{netns.LINK_PREFIX}{self.index}p{octet}",
+            veth=f"{product.LINK_PREFIX}{self.index}p{octet}",
             extra_mounts=mounts.ro,
             shared_mounts=mounts.rw,
             command=command,
@@ -641,29 +665,9 @@ class Kubelet:
                 component="kubelet",
                 container=0,
             )
-        try:
-            started = await loop.run_in_executor(
-                self.pool,
-                lambda: netns.start_nodes(
-                    [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
-                ),
-            )
-        except ProvisionError as exc:
-            message = f"failed to create containerd task: {exc}"
-            self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", component="kubelet", container=0)
-            self._set_container(
-                rt, terminated={"exitCode": 128, "reason": "StartError", "message": message}, running=False
-            )
+        node = await self._start_node(rt, pod, spec)
+        if node is None:
             return 128
-        node = started[0]
-        rt.node = node
-        try:
-            rt.init_pidfd = os.pidfd_open(node.init_pid) if node.init_pid else None
-        except OSError:
-            rt.init_pidfd = None
-        self.persist()
-        if rt.deleting:
-            self._signal_node(rt)
         rt.container_id = "containerd://" + hashlib.sha256(f"{rt.uid}/{rt.exits}".encode()).hexdigest()
         rt.started_at = self.cluster.now()
         self.cluster.record_event(
@@ -676,7 +680,7 @@ class Kubelet:
         code = await self._wait_exit(node)
         rt.node = None
         self._close_pidfd(rt)
-        await loop.run_in_executor(self.pool, netns.stop_nodes, self.tools["ip"], [node])
+        await loop.run_in_executor(self.pool, product.stop_nodes, self.tools["ip"], [node])
         self.persist()
         if not rt.deleting:
             self._set_container(
@@ -686,13 +690,43 @@ class Kubelet:
             )
         return code
 
+    async def _start_node(
+        self, rt: PodRuntime, pod: dict[str, Any], spec: product.NodeSpec
+    ) -> product.NodeProcess | None:
+        """The container's node, recorded in ``rt`` and on disk; None (and a StartError) when
+        it cannot start, as a runtime that fails to create the task."""
+        try:
+            started = await asyncio.get_running_loop().run_in_executor(
+                self.pool,
+                lambda: product.start_nodes(
+                    [spec], bridge=self.bridge, prefixlen=24, subnet=self.subnet, mtu=self.mtu, tools=self.tools
+                ),
+            )
+        except ProvisionError as exc:
+            message = f"failed to create containerd task: {exc}"
+            self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", component="kubelet", container=0)
+            self._set_container(
+                rt, terminated={"exitCode": 128, "reason": "StartError", "message": message}, running=False
+            )
+            return None
+        node = started[0]
+        rt.node = node
+        try:
+            rt.init_pidfd = os.pidfd_open(node.init_pid) if node.init_pid else None
+        except OSError:
+            rt.init_pidfd = None
+        self.persist()
+        if rt.deleting:
+            self._signal_node(rt)
+        return node
+
     def _close_pidfd(self, rt: PodRuntime) -> None:
         if rt.init_pidfd is not None:
             with contextlib.suppress(OSError):
                 os.close(rt.init_pidfd)
             rt.init_pidfd = None
 
-    async def _wait_exit(self, node: netns.NodeProcess) -> int:
+    async def _wait_exit(self, node: product.NodeProcess) -> int:
         """The node's exit code, woken by a pidfd on its keeper (no polling), which writes its
         first process's status as it ends: a signal N is 128 + N, as a container runtime
         reports it, and a keeper killed before it could say is a SIGKILL."""
@@ -845,8 +879,24 @@ class Kubelet:
         mid-command can have the whole command stopped (the pod's PID namespace would stop it
         too, with the pod).
         """
+        argv = self._exec_argv(rt)
+        if tty:
+            return await _spawn_on_pty([*argv, self.setsid, "-c", *command], rt.env)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            *command,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=rt.env,
+            start_new_session=True,
+        )
+        return proc, None
+
+    def _exec_argv(self, rt: PodRuntime) -> list[str]:
+        """Into the pod's namespaces with the container's privileges, in its working directory."""
         assert rt.node is not None
-        argv = [
+        return [
             self.nsenter,
             f"--target={rt.node.init_pid}",
             "--net",
@@ -863,39 +913,6 @@ class Kubelet:
             'cd -- "$0" && exec "$@"',
             rt.workdir,
         ]
-        if tty:
-            import pty
-
-            master, slave = pty.openpty()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    self.setsid,
-                    "-c",
-                    *command,
-                    stdin=slave,
-                    stdout=slave,
-                    stderr=slave,
-                    env=rt.env,
-                    start_new_session=True,
-                )
-            except BaseException:
-                os.close(master)
-                raise
-            finally:
-                os.close(slave)
-            os.set_blocking(master, False)
-            return proc, master
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            *command,
-            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=rt.env,
-            start_new_session=True,
-        )
-        return proc, None
 
     def command_missing(self, rt: PodRuntime, command: list[str]) -> bool:
         """Whether ``command[0]`` cannot be found (the runtime refuses to exec it at all)."""
@@ -941,6 +958,23 @@ class Kubelet:
     def log_file(self, namespace: str, name: str, uid: str, previous: bool) -> Path:
         root = self.pod_root(namespace, name, uid)
         return root / ("node.log.previous" if previous else "node.log")
+
+
+async def _spawn_on_pty(argv: list[str], env: dict[str, str]) -> tuple[asyncio.subprocess.Process, int]:
+    """``argv`` on a new pty (stdin, stdout and stderr all), in a session of its own; the
+    process and the pty's master side, non-blocking."""
+    master, slave = pty.openpty()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    os.set_blocking(master, False)
+    return proc, master
 
 
 def exec_privileges(setpriv: str, confinement: Confinement) -> list[str]:
@@ -999,7 +1033,7 @@ def _conditions(
     status["conditions"] = out
 
 
-def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = procs.is_alive) -> list[str]:
+def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = product.is_alive) -> list[str]:
     """Remove what emulators that died without tearing down (SIGKILL) left in ``state_dir``:
     their pods' processes and links, their bridge, their instance directories."""
     reaped = []
@@ -1014,10 +1048,10 @@ def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] 
         if is_alive(int(record.get("pid", 0)), record.get("start_time")):
             continue
         nodes = list((record.get("nodes") or {}).values())
-        netns.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
-        netns.reap_nodes(nodes, cgroups=[str(netns.node_cgroup(n["veth"]) or "") for n in nodes if n.get("veth")])
+        product.delete_links(ip, [n["veth"] for n in nodes if n.get("veth")])
+        product.reap_nodes(nodes, cgroups=[str(product.node_cgroup(n["veth"]) or "") for n in nodes if n.get("veth")])
         if record.get("bridge"):
-            netns.delete_links(ip, [record["bridge"]])
+            product.delete_links(ip, [record["bridge"]])
         shutil.rmtree(record_path.parent, ignore_errors=True)
         reaped.append(str(record_path.parent))
     return reaped

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from pytest_sky.errors import ProvisionError
+from kube_emulator.product import ProvisionError
 
 if TYPE_CHECKING:
-    from tests.kube_emulator.store import Store
+    from kube_emulator.store import Store
 
 log = logging.getLogger(__name__)
 

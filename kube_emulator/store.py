@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kube_emulator.selectors import FieldSelector, LabelSelector
+from kube_emulator.selectors import FieldSelector, LabelSelector
 
 HISTORY = 5000
 

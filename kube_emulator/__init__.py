@@ -20,14 +20,28 @@ node of the local backend.  Layout:
   them, with the exec/port-forward websocket verbs of the chosen Kubernetes version.
 - ``selectors.py``, ``faults.py``: label/field selectors; injected faults.
 
-Run it as a process with ``python -m tests.kube_emulator --kubeconfig PATH``.
+- ``product.py``: the one module that imports ``pytest_sky``; what the emulator borrows from
+  the plugin (the node primitive, links, a pod's privileges, passwd, its errors) is named there.
+
+Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
+
+Layers, lowest first; a module imports only from its own layer or lower ones (and never in
+a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
+
+0. product, selectors, faults, images, rbac: leaves, importing nothing of the emulator's
+1. store, scheduler: objects and watches; where a pod fits
+2. admission, dns: what the API server admits and what the cluster's DNS answers
+3. kubelet: pods as nodes, below the cluster it serves (``kubelet.PodHost``)
+4. cluster: the API semantics
+5. streams, server: the wire
+6. kube_emulator, __main__: the ways in
 """
 
 from __future__ import annotations
 
-from tests.kube_emulator.cluster import ClusterConfig
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.server import (
+from kube_emulator.cluster import ClusterConfig
+from kube_emulator.faults import Faults
+from kube_emulator.server import (
     BAD_TOKEN,
     CONTEXT,
     NOBODY_TOKEN,

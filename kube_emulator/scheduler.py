@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from tests.kube_emulator.selectors import LabelSelector, SelectorError, selector_from_object
+from kube_emulator.selectors import LabelSelector, SelectorError, selector_from_object
 
 GPU = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -223,65 +223,97 @@ def schedule(
         preferred = _terms(pod, "podAntiAffinity", "preferred")
     except (QuantityError, SelectorError, KeyError) as exc:
         return Decision(None, f"0/{len(nodes)} nodes are available: {exc}.")
-    tolerations = (pod.get("spec") or {}).get("tolerations") or []
     live = [p for p in bound if not is_terminated(p) and (p.get("spec") or {}).get("nodeName")]
-    by_node: dict[str, list[Mapping[str, Any]]] = {}
-    for p in live:
-        by_node.setdefault(p["spec"]["nodeName"], []).append(p)
-    node_labels = {n.name: n.labels for n in nodes}
-
-    def domain_pods(node: NodeView, key: str) -> list[Mapping[str, Any]]:
-        if key not in node.labels:
-            return []
-        value = node.labels[key]
-        return [p for name, ps in by_node.items() if node_labels.get(name, {}).get(key) == value for p in ps]
-
+    placement = _Placement(pod, nodes, live, requests, required, preferred, extra_taint)
     reasons: Counter[str] = Counter()
     feasible: list[tuple[float, float, int, NodeView]] = []
     for index, node in enumerate(nodes):
-        # One list per filter plugin, in kube-scheduler's order; a node is reported with the
-        # reasons of the first plugin that rejects it (a plugin may give several).
-        plugins: list[list[str]] = [[], [], [], []]
-        if extra_taint is not None:
-            plugins[0].append(f"node(s) had untolerated taint {_taint_text(extra_taint)}")
-        for taint in node.taints:
-            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
-                plugins[0].append(f"node(s) had untolerated taint {_taint_text(taint)}")
-                break
-        if not _node_selector_ok(pod, node):
-            plugins[1].append("node(s) didn't match Pod's node affinity/selector")
-        used: dict[str, Fraction] = {}
-        for p in by_node.get(node.name, []):
-            for k, v in pod_requests(p).items():
-                used[k] = used.get(k, Fraction(0)) + v
-        if len(by_node.get(node.name, [])) + 1 > node.allocatable.get("pods", Fraction(110)):
-            plugins[2].append("Too many pods")
-        for resource in sorted(requests):
-            if requests[resource] <= 0:
-                continue
-            if used.get(resource, Fraction(0)) + requests[resource] > node.allocatable.get(resource, Fraction(0)):
-                plugins[2].append(f"Insufficient {resource}")
-        if any(_term_matches(t, p) for t in required for p in domain_pods(node, t.topology_key)):
-            plugins[3].append("node(s) didn't match pod anti-affinity rules")
-        elif _excluded_by_existing(pod, node, live, nodes):
-            plugins[3].append("node(s) didn't satisfy existing pods anti-affinity rules")
-        failed = next((reasons_ for reasons_ in plugins if reasons_), None)
+        failed = placement.rejections(node)
         if failed:
             for reason in failed:
                 reasons[reason] += 1
             continue
-        anti = -sum(
-            term.weight * sum(1 for p in domain_pods(node, term.topology_key) if _term_matches(term, p))
-            for term in preferred
-        )
-        load = 0.0
-        for resource in ("cpu", "memory"):
-            cap = node.allocatable.get(resource)
-            if cap:
-                load += float((used.get(resource, Fraction(0)) + requests.get(resource, Fraction(0))) / cap)
-        feasible.append((anti, -load - 0.001 * len(by_node.get(node.name, [])), -index, node))
+        feasible.append(placement.score(index, node))
     if feasible:
         feasible.sort(key=lambda item: item[:3], reverse=True)
         return Decision(feasible[0][3].name)
     parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
     return Decision(None, f"0/{len(nodes)} nodes are available: {', '.join(parts)}.")
+
+
+class _Placement:
+    """One pod being placed: the filters that reject a node and the score of one that fits."""
+
+    def __init__(
+        self,
+        pod: Mapping[str, Any],
+        nodes: list[NodeView],
+        live: list[Mapping[str, Any]],
+        requests: dict[str, Fraction],
+        required: list[_Term],
+        preferred: list[_Term],
+        extra_taint: Mapping[str, str] | None,
+    ) -> None:
+        self.pod, self.nodes, self.live = pod, nodes, live
+        self.requests, self.required, self.preferred = requests, required, preferred
+        self.extra_taint = extra_taint
+        self.tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        self.by_node: dict[str, list[Mapping[str, Any]]] = {}
+        for p in live:
+            self.by_node.setdefault(p["spec"]["nodeName"], []).append(p)
+        self.node_labels = {n.name: n.labels for n in nodes}
+
+    def domain_pods(self, node: NodeView, key: str) -> list[Mapping[str, Any]]:
+        """The live pods in ``node``'s topology domain for label ``key``."""
+        if key not in node.labels:
+            return []
+        value = node.labels[key]
+        return [p for name, ps in self.by_node.items() if self.node_labels.get(name, {}).get(key) == value for p in ps]
+
+    def used(self, node: NodeView) -> dict[str, Fraction]:
+        used: dict[str, Fraction] = {}
+        for p in self.by_node.get(node.name, []):
+            for k, v in pod_requests(p).items():
+                used[k] = used.get(k, Fraction(0)) + v
+        return used
+
+    def rejections(self, node: NodeView) -> list[str]:
+        """Why ``node`` cannot take the pod (empty: it can)."""
+        # One list per filter plugin, in kube-scheduler's order; a node is reported with the
+        # reasons of the first plugin that rejects it (a plugin may give several).
+        plugins: list[list[str]] = [[], [], [], []]
+        if self.extra_taint is not None:
+            plugins[0].append(f"node(s) had untolerated taint {_taint_text(self.extra_taint)}")
+        for taint in node.taints:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(self.tolerations, taint):
+                plugins[0].append(f"node(s) had untolerated taint {_taint_text(taint)}")
+                break
+        if not _node_selector_ok(self.pod, node):
+            plugins[1].append("node(s) didn't match Pod's node affinity/selector")
+        used = self.used(node)
+        if len(self.by_node.get(node.name, [])) + 1 > node.allocatable.get("pods", Fraction(110)):
+            plugins[2].append("Too many pods")
+        for resource in sorted(self.requests):
+            if self.requests[resource] <= 0:
+                continue
+            if used.get(resource, Fraction(0)) + self.requests[resource] > node.allocatable.get(resource, Fraction(0)):
+                plugins[2].append(f"Insufficient {resource}")
+        if any(_term_matches(t, p) for t in self.required for p in self.domain_pods(node, t.topology_key)):
+            plugins[3].append("node(s) didn't match pod anti-affinity rules")
+        elif _excluded_by_existing(self.pod, node, self.live, self.nodes):
+            plugins[3].append("node(s) didn't satisfy existing pods anti-affinity rules")
+        return next((reasons for reasons in plugins if reasons), [])
+
+    def score(self, index: int, node: NodeView) -> tuple[float, float, int, NodeView]:
+        """Higher is better: fewest preferred anti-affinity matches, then least loaded, then first."""
+        anti = -sum(
+            term.weight * sum(1 for p in self.domain_pods(node, term.topology_key) if _term_matches(term, p))
+            for term in self.preferred
+        )
+        used = self.used(node)
+        load = 0.0
+        for resource in ("cpu", "memory"):
+            cap = node.allocatable.get(resource)
+            if cap:
+                load += float((used.get(resource, Fraction(0)) + self.requests.get(resource, Fraction(0))) / cap)
+        return (anti, -load - 0.001 * len(self.by_node.get(node.name, [])), -index, node)

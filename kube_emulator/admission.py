@@ -24,14 +24,14 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from pytest_sky.backends import privileges
-from tests.kube_emulator.scheduler import QuantityError, is_terminated, parse_quantity
+from kube_emulator import product
+from kube_emulator.scheduler import QuantityError, is_terminated, parse_quantity
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
 #: Pod Security "baseline" allows adding only these capabilities: the container runtime's
 #: default set, less NET_RAW.
-BASELINE_CAPABILITIES = set(privileges.RUNTIME_DEFAULT_CAPABILITIES) - {"NET_RAW"}
+BASELINE_CAPABILITIES = set(product.RUNTIME_DEFAULT_CAPABILITIES) - {"NET_RAW"}
 #: The sysctls Pod Security "baseline" lets a pod set (the kubelet's "safe" set, namespaced).
 BASELINE_SYSCTLS = {
     "kernel.shm_rmid_forced",

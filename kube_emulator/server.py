@@ -2,12 +2,12 @@
 
 One catch-all aiohttp handler parses ``/api/v1/...`` the way the API server's request-info
 resolver does (namespace, resource, name, subresource -> verb), authenticates the bearer
-token, authorizes the verb, and dispatches to :class:`~tests.kube_emulator.cluster.Cluster`.
+token, authorizes the verb, and dispatches to :class:`~kube_emulator.cluster.Cluster`.
 Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
 them into its one-line messages.
 
 Tokens (all in the generated kubeconfig, one context each), authorized by
-:mod:`tests.kube_emulator.rbac` with the real RBAC matching rules: the admin token (random)
+:mod:`kube_emulator.rbac` with the real RBAC matching rules: the admin token (random)
 may do anything (and only it reaches the admin endpoints and fault injection); ``role`` is
 the ServiceAccount ``pytest-sky`` bound to the Role of ``examples/kubernetes/rbac.yaml`` (or
 ``--role FILE``) in its namespace; ``readonly`` holds a ClusterRole of get/list/watch on
@@ -15,7 +15,7 @@ every resource (subresources included, as ``*`` grants on a real cluster); ``nob
 authenticated but may do nothing beyond discovery; any other token gets 401.  The verb of
 an exec or port-forward websocket depends on ``kube_version`` (see the rbac module).
 
-:class:`EmulatorServer` is the async core (used by ``python -m tests.kube_emulator``);
+:class:`EmulatorServer` is the async core (used by ``python -m kube_emulator``);
 :class:`Emulator` runs it on a background thread for in-process use::
 
     with Emulator(nodes=3) as emu:
@@ -40,8 +40,9 @@ from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
+from multidict import MultiDictProxy
 
-from tests.kube_emulator.cluster import (
+from kube_emulator.cluster import (
     KUBERNETES_VERSION,
     RESOURCES,
     ApiError,
@@ -49,9 +50,9 @@ from tests.kube_emulator.cluster import (
     ClusterConfig,
     field_allowed,
 )
-from tests.kube_emulator.faults import Faults
-from tests.kube_emulator.kubelet import reap_leftovers
-from tests.kube_emulator.rbac import (
+from kube_emulator.faults import Faults
+from kube_emulator.kubelet import reap_leftovers
+from kube_emulator.rbac import (
     Authorizer,
     Decision,
     Forbidden,
@@ -64,9 +65,9 @@ from tests.kube_emulator.rbac import (
     load_grants_file,
     parse_version,
 )
-from tests.kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
-from tests.kube_emulator.store import Expired, Watcher
-from tests.kube_emulator.streams import handle_exec, handle_portforward
+from kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
+from kube_emulator.store import Expired, Watcher
+from kube_emulator.streams import handle_exec, handle_portforward
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ CONTEXT = "kube-emulator"
 ROLE_CONTEXT = f"{CONTEXT}-role"
 ROLE_USER = "system:serviceaccount:default:pytest-sky"
 #: The Role the ``role`` token holds unless another is given: the one the project ships.
-SHIPPED_ROLE = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "rbac.yaml"
+SHIPPED_ROLE = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "rbac.yaml"
 CONTEXTS = (CONTEXT, ROLE_CONTEXT, f"{CONTEXT}-readonly", f"{CONTEXT}-nobody", f"{CONTEXT}-badtoken")
 READONLY_RULES = (PolicyRule(verbs=("get", "list", "watch"), api_groups=("*",), resources=("*",)),)
 T = TypeVar("T")
@@ -116,6 +117,50 @@ class Deletion:
     namespace: str
     name: str
     options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a resource path names: a collection (``name`` None) or one object, maybe a
+    subresource of it."""
+
+    resource: str
+    namespace: str | None
+    name: str | None
+    sub: str | None
+
+
+def _target(parts: list[str]) -> Target:
+    """``[namespaces, NS,] RESOURCE[, NAME[, SUB]]``, or a 404 as the API server answers."""
+    if len(parts) >= 3 and parts[0] == "namespaces":
+        namespace: str | None = parts[1]
+        resource, rest = parts[2], parts[3:]
+    elif parts[0] == "namespaces":
+        namespace, resource, rest = None, "namespaces", parts[1:]
+    else:
+        namespace, resource, rest = None, parts[0], parts[1:]
+    if resource not in RESOURCES or len(rest) > 2 or any(not p for p in rest):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    if not RESOURCES[resource].namespaced and namespace is not None:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    name = rest[0] if rest else None
+    sub = rest[1] if len(rest) > 1 else None
+    if sub is not None and not (resource == "pods" and sub in ("exec", "portforward", "log", "status")):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    return Target(resource, namespace, name, sub)
+
+
+def _verb(method: str, query: MultiDictProxy[str], target: Target) -> str | None:
+    """The RBAC verb of ``method`` on ``target``; None: the method means nothing there."""
+    if target.name is None:
+        return {
+            "GET": "watch" if _bool(query.get("watch")) else "list",
+            "POST": "create",
+            "DELETE": "deletecollection",
+        }.get(method)
+    if target.sub in ("exec", "portforward"):
+        return "connect" if method in ("GET", "POST") else None
+    return {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
 
 
 class EmulatorServer:
@@ -371,35 +416,11 @@ class EmulatorServer:
             raise ApiError(400, "BadRequest", f"the body of the request could not be decoded: {exc}") from None
 
     async def _resource(self, request: web.Request, user: Subject, parts: list[str]) -> web.StreamResponse:
-        cluster = self.cluster
-        if len(parts) >= 3 and parts[0] == "namespaces":
-            namespace: str | None = parts[1]
-            resource, rest = parts[2], parts[3:]
-        elif parts[0] == "namespaces":
-            namespace, resource, rest = None, "namespaces", parts[1:]
-        else:
-            namespace, resource, rest = None, parts[0], parts[1:]
-        if resource not in RESOURCES or len(rest) > 2 or any(not p for p in rest):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        target = _target(parts)
+        resource, namespace, name, sub = target.resource, target.namespace, target.name, target.sub
         info = RESOURCES[resource]
-        if not info.namespaced and namespace is not None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        name = rest[0] if rest else None
-        sub = rest[1] if len(rest) > 1 else None
-        if sub is not None and not (resource == "pods" and sub in ("exec", "portforward", "log", "status")):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
-        query = request.query
-        if name is None:
-            verb = {
-                "GET": "watch" if _bool(query.get("watch")) else "list",
-                "POST": "create",
-                "DELETE": "deletecollection",
-            }.get(method)
-        elif sub in ("exec", "portforward"):
-            verb = "connect" if method in ("GET", "POST") else None
-        else:
-            verb = {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
+        verb = _verb(method, request.query, target)
         if verb is None or (verb not in info.verbs and sub is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
         if info.namespaced and namespace is None and verb not in ("list", "watch"):
@@ -409,19 +430,35 @@ class EmulatorServer:
         options = await self._body(request) if verb in ("delete", "deletecollection") else None
         if verb == "delete" and name is not None:
             self.deletions.append(Deletion(user.user, resource, namespace or "", name, options or {}))
-        ns = namespace or ""
-
         if verb in ("list", "watch", "deletecollection"):
-            labels = parse_label_selector(query.get("labelSelector"))
-            fields = parse_field_selector(query.get("fieldSelector"), field_allowed(resource))
-            if verb == "watch":
-                return await self._watch(request, resource, namespace, labels, fields)
-            if verb == "deletecollection":
-                return _json(cluster.delete_collection(resource, namespace, labels, fields, options))
-            items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
-            return _json(_paginate(f"{info.kind}List", items, cluster.store.rv, query))
+            return await self._collection(request, verb, target, options)
         if verb == "create" and name is None:
-            return _json(cluster.create(resource, ns, await self._body(request)), 201)
+            return _json(self.cluster.create(resource, namespace or "", await self._body(request)), 201)
+        return await self._object(request, verb, target, options)
+
+    async def _collection(
+        self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None
+    ) -> web.StreamResponse:
+        cluster, resource, namespace, query = self.cluster, target.resource, target.namespace, request.query
+        labels = parse_label_selector(query.get("labelSelector"))
+        fields = parse_field_selector(query.get("fieldSelector"), field_allowed(resource))
+        if verb == "watch":
+            return await self._watch(request, resource, namespace, labels, fields)
+        if verb == "deletecollection":
+            return _json(cluster.delete_collection(resource, namespace, labels, fields, options))
+        items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
+        return _json(_paginate(f"{RESOURCES[resource].kind}List", items, cluster.store.rv, query))
+
+    async def _object(
+        self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None
+    ) -> web.StreamResponse:
+        cluster, resource, ns, name, sub = (
+            self.cluster,
+            target.resource,
+            target.namespace or "",
+            target.name,
+            target.sub,
+        )
         assert name is not None
         if sub == "exec":
             return await handle_exec(request, cluster, ns, name)
@@ -491,7 +528,7 @@ class EmulatorServer:
         return response
 
     async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
-        from tests.kube_emulator.streams import _container
+        from kube_emulator.streams import _container
 
         cluster = self.cluster
         pod = cluster.get("pods", namespace, name)
@@ -743,7 +780,7 @@ class Emulator:
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Same keys as ``POST /emulator/faults`` (see :mod:`tests.kube_emulator.faults`)."""
+        """Same keys as ``POST /emulator/faults`` (see :mod:`kube_emulator.faults`)."""
         return self.call(lambda: self.server.update_faults(faults))
 
     def pods_info(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Injected faults: what a real cluster does to the backend on a bad day, on demand.
 
-Set at start-up (``--fault-*`` flags, :class:`tests.kube_emulator.Emulator` keyword) or at
+Set at start-up (``--fault-*`` flags, :class:`kube_emulator.Emulator` keyword) or at
 run time through ``POST /emulator/faults`` with a JSON object of these keys; a key set to
 ``null`` clears that fault, ``{"reset": true}`` clears them all:
 

@@ -1,0 +1,68 @@
+"""The emulator's one door into pytest-sky: everything it borrows from the product, by name.
+
+The emulator runs each pod as a namespace node of the local backend, confined the way the
+kubernetes backend asks a real runtime to confine it, so it must reuse the product's node
+primitive rather than grow a second one.  Keeping that reuse to this module means a change
+inside ``pytest_sky`` breaks the emulator in one visible place, and the list below is the
+whole of the contract between the two (``tests/test_layering.py`` holds every other
+emulator module to it).
+"""
+
+from __future__ import annotations
+
+from pytest_sky import procs
+from pytest_sky.backends import confine, local, netns, privileges
+from pytest_sky.errors import ProvisionError, SkyError
+
+__all__ = [
+    "LINK_PREFIX",
+    "NODE_HOME",
+    "RUNTIME_DEFAULT_CAPABILITIES",
+    "Confinement",
+    "NodeProcess",
+    "NodeSpec",
+    "ProvisionError",
+    "SkyError",
+    "check_forward_policy",
+    "confinement",
+    "create_bridge",
+    "delete_links",
+    "for_node",
+    "is_alive",
+    "link_exists",
+    "node_cgroup",
+    "passwd_with_home",
+    "reap_nodes",
+    "require_privileges",
+    "require_tools",
+    "start_nodes",
+    "start_time",
+    "stop_nodes",
+]
+
+# Nodes: a pod is one, on a bridge of the emulator's own (the local backend's primitive).
+NodeSpec = netns.NodeSpec
+NodeProcess = netns.NodeProcess
+LINK_PREFIX = netns.LINK_PREFIX
+NODE_HOME = netns.NODE_HOME
+require_privileges = netns.require_privileges
+require_tools = netns.require_tools
+check_forward_policy = netns.check_forward_policy
+link_exists = netns.link_exists
+create_bridge = netns.create_bridge
+delete_links = netns.delete_links
+start_nodes = netns.start_nodes
+stop_nodes = netns.stop_nodes
+reap_nodes = netns.reap_nodes
+node_cgroup = netns.node_cgroup
+passwd_with_home = local.passwd_with_home
+
+# A pod's privileges: what the kubernetes backend's securityContext asks a runtime for.
+Confinement = confine.Confinement
+RUNTIME_DEFAULT_CAPABILITIES = privileges.RUNTIME_DEFAULT_CAPABILITIES
+for_node = privileges.for_node
+confinement = privileges.confinement
+
+# Processes: telling a recorded pid from a reused one, when reaping a killed emulator's pods.
+start_time = procs.start_time
+is_alive = procs.is_alive

@@ -1,0 +1,144 @@
+"""What the tests that drive the Kubernetes API emulator through the official client share.
+
+A module, not a test module, so that test modules share these without importing each other.
+Import it after ``pytest.importorskip("kubernetes")``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config, watch
+from kubernetes.stream import stream
+
+from kube_emulator import images
+from pytest_sky.doctor import link_owners, node_processes
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
+
+
+def leftovers(scope: str) -> list[str]:
+    """Links and node processes that belong to ``scope`` (a state directory)."""
+    left = [f"link {n}" for n, owner in link_owners().items() if scope in owner]
+    left += [f"process {pid}: {cmd}" for pid, cmd in node_processes() if scope in cmd]
+    return left
+
+
+def api(kubeconfig: Path, context: str | None = None) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig), context=context))
+
+
+def pod_manifest(
+    name: str,
+    labels: dict[str, str],
+    *,
+    command: list[str] | None = None,
+    anti_affinity: str | None = "preferred",
+    gpus: int = 0,
+    restart: str = "Never",
+    subdomain: str | None = None,
+    secret: str | None = None,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": images.SLIM_IMAGE,  # python3 (the echo server needs it), no sshd
+        "command": command or ["sleep", "infinity"],
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+    }
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if subdomain:
+        spec["hostname"] = name
+        spec["subdomain"] = subdomain
+    if secret:
+        container["volumeMounts"] = [{"name": "keys", "mountPath": "/run/sky-keys", "readOnly": True}]
+        spec["volumes"] = [{"name": "keys", "secret": {"secretName": secret, "defaultMode": 0o600}}]
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
+    if anti_affinity == "preferred":
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+            }
+        }
+    elif anti_affinity == "required":
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+
+def wait_for(
+    v1: client.CoreV1Api,
+    selector: str,
+    done: Callable[[dict[str, Any]], bool],
+    count: int,
+    timeout: float = 20,
+) -> dict[str, Any]:
+    """Watch pods matching ``selector`` until ``count`` of them satisfy ``done`` (by raw object)."""
+    seen: dict[str, Any] = {}
+    w = watch.Watch()
+    deadline = time.monotonic() + timeout
+    for event in w.stream(v1.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(timeout)):
+        obj = event["raw_object"]
+        seen[obj["metadata"]["name"]] = obj
+        if event["type"] == "DELETED":
+            seen.pop(obj["metadata"]["name"])
+        if sum(1 for o in seen.values() if done(o)) >= count or time.monotonic() > deadline:
+            w.stop()
+            break
+    assert sum(1 for o in seen.values() if done(o)) >= count, json.dumps(
+        {n: o.get("status") for n, o in seen.items()}, indent=1
+    )
+    return seen
+
+
+def running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def waiting_reason(pod: dict[str, Any]) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason", "")
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def run(v1: client.CoreV1Api, pod: str, command: list[str]) -> tuple[int, str]:
+    resp = stream(
+        v1.connect_get_namespaced_pod_exec,
+        pod,
+        "default",
+        command=command,
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+        _preload_content=False,
+    )
+    resp.run_forever(timeout=20)
+    code = resp.returncode  # first: read_all() empties every channel, the error channel too
+    return code, resp.read_all()
+
+
+def events(v1: client.CoreV1Api, pod: str) -> list[tuple[str, str]]:
+    items = v1.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}").items
+    return [(e.reason, e.message) for e in items]
+
+
+def delete_and_wait(v1: client.CoreV1Api, selector: str, timeout: float = 20) -> None:
+    v1.delete_collection_namespaced_pod("default", label_selector=selector)
+    deadline = time.monotonic() + timeout
+    while v1.list_namespaced_pod("default", label_selector=selector).items:
+        assert time.monotonic() < deadline, "pods were not deleted"
+        time.sleep(0.05)
