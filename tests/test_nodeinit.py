@@ -17,6 +17,7 @@ import pytest
 
 from pytest_sky import procs
 from pytest_sky.backends import local, netns
+from pytest_sky.backends.netns import output, spawn
 from pytest_sky.errors import ProvisionError
 from tests.test_backend_races import IP, free_indexes
 
@@ -167,7 +168,7 @@ def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(
     relayed = capfd.readouterr().out
     assert relayed.splitlines() == ["configured 0", "ready 0 4242 4243"]
 
-    spawner = object.__new__(netns._Spawner)
+    spawner = object.__new__(spawn._Spawner)
     spec = netns.NodeSpec(hostname="n0", ip="198.18.0.2", root=Path("/nonexistent"), veth="psky0n0")
     spawner.specs, spawner.cgroups, spawner.started = [spec], [None], {}
     spawner.plans = [SimpleNamespace(log="/nonexistent/node.log")]
@@ -175,6 +176,6 @@ def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(
     os.write(out_w, relayed.encode())
     os.close(out_w)
     with os.fdopen(out_r, "rb") as stdout:
-        spawner.lines = netns._Lines(SimpleNamespace(stdout=stdout))
+        spawner.lines = output.Lines(SimpleNamespace(stdout=stdout))
         (node,) = spawner.wait_configured(timeout=5)
     assert (node.pid, node.init_pid) == (4242, 4243)
