@@ -15,11 +15,11 @@ a circle), which ``tests/test_layering.py`` checks:
 0. errors, naming, procs, protocol, cluster_info, console: leaves, importing nothing of ours
 1. resources, task, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_proxy
-3. backends.base, backends.netlink, backends.confine, backends.nodeinit, backends.privileges, backends.netns,
-   backends.netns.nodes, backends.netns.links, backends.netns.cgroups, backends.netns.preflight,
-   backends.netns.output, backends.netns.reap, backends.netns.plans, backends.netns.spawn,
-   backends.netns.faults, backends.nfdelay, backends.kube_policy, backends.kube_manifests: the backend
-   interface and its parts
+3. backends.base, backends.netlink, backends.confine, backends.nodeinit_protocol, backends.nodeinit,
+   backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
+   backends.netns.cgroups, backends.netns.preflight, backends.netns.output, backends.netns.reap,
+   backends.netns.plans, backends.netns.spawn, backends.netns.faults, backends.nfdelay,
+   backends.kube_policy, backends.kube_manifests: the backend interface and its parts
 4. backends.local, backends.kubernetes, backends
 5. agent, bootstrap: what goes onto the nodes
 6. runner, job: the client side of a run

@@ -18,13 +18,8 @@ as a container runtime confines a pod (its own ``/dev`` and IPC namespace, ``/pr
 Every keeper carries this program's command line, so the host finds the nodes of a dead run
 by their directories (``netns.node_processes``).
 
-The protocol, in lines on this program's stdin and stdout::
-
-    in:  one JSON object {"nodes": [NodePlan, ...]}
-    out: ready <i> <keeper pid> <init pid>        namespaces made (the keeper says it)
-    out: configured <i>  |  failed <i> <message>  link, address and root in place (the init)
-                                                  ready and configured come in either order
-    in:  end of input before every node is configured: the host gave up, kill them all
+It talks with the host over its stdin and stdout in ``nodeinit_protocol``'s messages: a
+Launch in, a Report out for each step of each node.
 """
 
 from __future__ import annotations
@@ -33,21 +28,21 @@ import contextlib
 import ctypes
 import fcntl
 import functools
-import json
 import os
 import select
 import socket
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 try:
     from pytest_sky.backends import confine, netlink
+    from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import confine
     import netlink
+    from nodeinit_protocol import Launch, NodePlan, Report, Stage
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -64,44 +59,6 @@ PR_SET_PDEATHSIG = 1
 KEEPER_UP = 3  # the node's pipe to the spawner, at a fixed number after the fork
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass
-class NodePlan:
-    """Everything one node's start needs, sent as JSON (``netns`` builds it from a NodeSpec)."""
-
-    hostname: str
-    ip: str
-    prefixlen: int
-    subnet: str
-    mtu: int
-    root: str  # the node's directory: etc/passwd, etc/hosts, sshd_config, home/
-    log: str  # the node's log: the output of everything it runs
-    exit_file: str  # where the keeper writes the init's exit code (-N: killed by signal N)
-    sshd: str
-    sshd_args: list[str]  # before -f: sshd.daemon_args
-    path: str  # PATH of the node's first process
-    command: str = ""  # instead of sshd (a pod's container command), a shell command line
-    env: dict[str, str] = field(default_factory=dict)  # added to the first process's environment
-    cgroup_dir: str = ""  # the node's cgroup on the host ("": none)
-    cgroup_mode: str = ""  # cgroup2 at /sys/fs/cgroup: "rw", "ro" or "" (not mounted)
-    layers: str = ""  # the node's layers directory ("": it shares the host's files)
-    submounts: list[tuple[int, str, str]] = field(default_factory=list)  # (layer, "rw"|"ro", path)
-    hide: list[str] = field(default_factory=list)  # absent on the node: directories covered, files removed
-    node_home: str = ""
-    extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
-    shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
-    veth: str = ""  # the host's end of the node's link (the node's own end is eth0)
-    mac: str = ""  # eth0's
-    bridge_index: int = 0  # the bridge the host's end goes on
-    link_group: int = 0  # the cluster's link group (0: none): one deletion removes them all
-    alias: str = ""  # the host's end's ifalias: the node's directory, for `pytest-sky doctor`
-    #: What its processes hold (a pod's, by default: ``privileges`` decides it).
-    confinement: confine.Confinement = field(default_factory=confine.Confinement)
-
-    @classmethod
-    def from_json(cls, data: dict) -> NodePlan:
-        return cls(**{**data, "confinement": confine.Confinement(**data["confinement"])})
 
 
 class NodeInitError(Exception):
@@ -373,8 +330,8 @@ def _pivot(root: str) -> None:
     os.rmdir("/.psky-old")
 
 
-def _say(line: str) -> None:
-    os.write(KEEPER_UP, (line + "\n").encode())
+def _say(report: Report) -> None:
+    os.write(KEEPER_UP, report.encode())  # one write: the keeper and its init share the pipe
 
 
 def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket) -> None:
@@ -394,7 +351,7 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
         _restrict(plan.confinement, root)
     if root:
         _pivot(root)
-    _say(f"configured {index}")
+    _say(Report(Stage.CONFIGURED, index))
     os.close(KEEPER_UP)
     confine.drop_privileges(plan.confinement)
     env = {"PATH": plan.path, **plan.env}
@@ -429,7 +386,7 @@ def _keeper(index: int, plan: NodePlan, up: int) -> None:
         _run(functools.partial(_init, index, plan, host_netns, host_sock), index)
     host_sock.close()
     os.close(host_netns)
-    _say(f"ready {index} {os.getpid()} {init}")
+    _say(Report(Stage.READY, index, keeper_pid=os.getpid(), init_pid=init))
     _, status = os.waitpid(init, 0)
     code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
     # The node's directory is at its own path in the node's view too (its root is this
@@ -448,7 +405,7 @@ def _run(step: Callable[[], None], index: int) -> None:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"node init: {message}", file=sys.stderr)
         try:
-            _say(f"failed {index} {message}")
+            _say(Report(Stage.FAILED, index, message=message))
         except OSError:
             pass
     os._exit(1)
@@ -471,10 +428,10 @@ def _start(plans: list[NodePlan]) -> tuple[dict[int, int], list[int]]:
 
 
 def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
-    """Copy the nodes' lines to stdout until each has said both ``ready`` (its keeper) and
-    ``configured`` (its init), in whichever order they ran, or failed, or died; if the
-    host's end closes first, no node of this launch may outlive it."""
-    pending = {fd: {b"ready", b"configured"} for fd in pipes}
+    """Copy the nodes' reports to stdout until each has said both READY (its keeper) and
+    CONFIGURED (its init), in whichever order they ran, or failed, or died; if the host's
+    end closes first, no node of this launch may outlive it."""
+    pending = {fd: {Stage.READY, Stage.CONFIGURED} for fd in pipes}
     buffers = {fd: b"" for fd in pending}
     while pending:
         for fd in select.select([*pending, 0], [], [])[0]:
@@ -488,23 +445,28 @@ def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
             buffers[fd] += chunk
             while b"\n" in buffers[fd]:
                 line, buffers[fd] = buffers[fd].split(b"\n", 1)
-                print(line.decode(), flush=True)
-                word = line.split(b" ", 1)[0]
-                if word == b"failed":
+                report = Report.decode(line)
+                _tell_host(report)
+                if report.stage is Stage.FAILED:
                     pending.pop(fd, None)
                 elif fd in pending:
-                    pending[fd].discard(word)
+                    pending[fd].discard(report.stage)
                     if not pending[fd]:
                         del pending[fd]
             if not chunk and fd in pending:
                 del pending[fd]
-                print(f"failed {pipes[fd]} the node's first process exited", flush=True)
+                _tell_host(Report(Stage.EXITED, pipes[fd]))
             if not chunk:
                 os.close(fd)
 
 
+def _tell_host(report: Report) -> None:
+    sys.stdout.buffer.write(report.encode())
+    sys.stdout.buffer.flush()
+
+
 def main() -> None:
-    plans = [NodePlan.from_json(plan) for plan in json.loads(sys.stdin.buffer.readline())["nodes"]]
+    plans = Launch.decode(sys.stdin.buffer.readline()).nodes
     _relay(*_start(plans))
     sys.stdout.flush()
     os._exit(0)  # at once: the host waits for this exit, while 64 sshds want the CPU

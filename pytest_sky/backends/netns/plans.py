@@ -12,7 +12,7 @@ from pathlib import Path
 from pytest_sky import naming
 from pytest_sky.backends.netns.links import link_group, node_mac
 from pytest_sky.backends.netns.nodes import NODE_EXIT, NODE_HOME, NODE_LOG, NODE_PATH, NodeSpec
-from pytest_sky.backends.nodeinit import NodePlan
+from pytest_sky.backends.nodeinit_protocol import NodePlan
 from pytest_sky.errors import ProvisionError
 from pytest_sky.ssh import sshd as sshd_config
 

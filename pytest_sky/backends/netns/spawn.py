@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from pytest_sky.backends.netns.nodes import NODE_PATH, NodeProcess, NodeSpec
 from pytest_sky.backends.netns.output import Lines, tail
 from pytest_sky.backends.netns.plans import node_plans
 from pytest_sky.backends.netns.reap import stop_nodes
-from pytest_sky.backends.nodeinit import NodePlan
+from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, ProtocolError, Report, Stage
 from pytest_sky.errors import ProvisionError
 
 #: The program that starts a launch's nodes (one process forks them all; its docstring says why).
@@ -91,7 +89,7 @@ class _Spawner:
         self.lines = Lines(self.popen)
         assert self.popen.stdin is not None
         try:
-            self.popen.stdin.write((json.dumps({"nodes": [dataclasses.asdict(p) for p in plans]}) + "\n").encode())
+            self.popen.stdin.write(Launch(list(plans)).encode())
             self.popen.stdin.flush()
         except BrokenPipeError:
             pass  # it ended: wait_configured() says how
@@ -107,20 +105,28 @@ class _Spawner:
                 index = min(set(range(len(self.specs))) - (configured & set(self.started)))
                 late = f"no answer within {timeout:.0f} s" if time.monotonic() >= deadline else "no output"
                 raise self._failure(index, tail(Path(self.plans[index].log)) or late)
-            kind, index, *rest = line.split(" ", 2)
-            if kind == "failed":
-                detail = " ".join(rest) or "failed"
-                log_tail = tail(Path(self.plans[int(index)].log), 1)
-                raise self._failure(int(index), detail + (f" | {log_tail}" if detail not in log_tail else ""))
-            if kind == "ready":
-                spec, (pid, init) = self.specs[int(index)], rest[0].split()
-                log_path, cgroup = Path(self.plans[int(index)].log), self.cgroups[int(index)]
-                self.started[int(index)] = NodeProcess(
-                    spec.hostname, spec.ip, spec.veth, int(pid), int(init), log_path, cgroup
-                )
-            elif kind == "configured":
-                configured.add(int(index))
+            try:
+                report = Report.decode(line)
+            except ProtocolError as exc:
+                raise ProvisionError(f"the node starter said something unexpected: {exc}") from None
+            self._take(report, configured)
         return [self.started[i] for i in range(len(self.specs))]
+
+    def _take(self, report: Report, configured: set[int]) -> None:
+        """One report: a node started or configured, or the end of the launch."""
+        index = report.index
+        if report.stage is Stage.FAILED:  # the message names the step (the node's log has it too)
+            raise self._failure(index, report.message or "failed")
+        if report.stage is Stage.EXITED:  # nothing said why: the node's log may
+            log_tail = tail(Path(self.plans[index].log), 1)
+            raise self._failure(index, "the node's first process exited" + (f" | {log_tail}" if log_tail else ""))
+        if report.stage is Stage.READY:
+            spec, log_path = self.specs[index], Path(self.plans[index].log)
+            self.started[index] = NodeProcess(
+                spec.hostname, spec.ip, spec.veth, report.keeper_pid, report.init_pid, log_path, self.cgroups[index]
+            )
+        elif report.stage is Stage.CONFIGURED:
+            configured.add(index)
 
     def _failure(self, index: int, detail: str) -> ProvisionError:
         return ProvisionError(f"node {self.specs[index].hostname} did not start: {detail}")
