@@ -20,7 +20,7 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.netns.cgroups, backends.netns.preflight, backends.netns.output, backends.netns.reap,
    backends.netns.plans, backends.netns.spawn, backends.netns.faults, backends.nfdelay,
    backends.kube_policy, backends.kube_manifests: the backend interface and its parts
-4. backends.local, backends.kubernetes, backends
+4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent, bootstrap: what goes onto the nodes
 6. runner, job: the client side of a run
 7. lifecycle: launch, provision, teardown, reap

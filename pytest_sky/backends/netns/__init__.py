@@ -85,9 +85,8 @@ from pytest_sky.backends.netns.nodes import (
     NODE_LOG,
     NODE_PATH,
     NodeProcess,
+    NodeRecord,
     NodeSpec,
-    spec_from_json,
-    spec_to_json,
 )
 from pytest_sky.backends.netns.output import tail
 from pytest_sky.backends.netns.plans import host_submounts, prepare_layers
@@ -115,6 +114,7 @@ __all__ = [
     "Delayer",
     "LinkFaults",
     "NodeProcess",
+    "NodeRecord",
     "NodeSpec",
     "apply_link_faults",
     "bridge_owned_by",
@@ -148,8 +148,6 @@ __all__ = [
     "set_alias",
     "shaping_commands",
     "signal_cgroups",
-    "spec_from_json",
-    "spec_to_json",
     "start_delayer",
     "start_nodes",
     "stop_delayer",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +156,18 @@ class Delayer:
     start_time: int | None
     parent: int
     parent_start: int | None
+
+    def to_json(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, int | None]) -> Delayer:
+        return cls(
+            pid=int(data["pid"] or 0),
+            start_time=data.get("start_time"),
+            parent=int(data["parent"] or 0),
+            parent_start=data.get("parent_start"),
+        )
 
 
 def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Path) -> Delayer:

@@ -1,12 +1,15 @@
-"""A node's description before it starts (:class:`NodeSpec`) and after (:class:`NodeProcess`)."""
+"""A node before it starts (:class:`NodeSpec`), once it runs (:class:`NodeProcess`), and as a
+record keeps it for a later process (:class:`NodeRecord`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pytest_sky import naming
+from pytest_sky import naming, procs
 from pytest_sky.backends import privileges
 from pytest_sky.backends.confine import Confinement
 
@@ -53,6 +56,40 @@ class NodeSpec:
     #: (``privileges``).
     confinement: Confinement = field(default_factory=privileges.for_node)
 
+    def to_json(self) -> dict[str, Any]:
+        """The spec as a journal keeps it, so that a later process can boot the node again."""
+        return {
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "root": str(self.root),
+            "veth": self.veth,
+            "extra_mounts": dict(self.extra_mounts),
+            "command": self.command,
+            "env": dict(self.env),
+            "cgroup_mode": self.cgroup_mode,
+            "layers": str(self.layers) if self.layers is not None else None,
+            "hide": [str(h) for h in self.hide],
+            "shared_mounts": dict(self.shared_mounts),
+            "confinement": dataclasses.asdict(self.confinement),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
+        return cls(
+            hostname=data["hostname"],
+            ip=data["ip"],
+            root=Path(data["root"]),
+            veth=data["veth"],
+            extra_mounts=dict(data.get("extra_mounts") or {}),
+            command=data.get("command"),
+            env=dict(data.get("env") or {}),
+            cgroup_mode=data.get("cgroup_mode", "rw"),
+            layers=Path(data["layers"]) if data.get("layers") else None,
+            hide=[Path(h) for h in data.get("hide", [])],
+            shared_mounts=dict(data.get("shared_mounts") or {}),
+            confinement=Confinement(**data["confinement"]) if "confinement" in data else privileges.for_node(),
+        )
+
 
 @dataclass
 class NodeProcess:
@@ -82,36 +119,38 @@ class NodeProcess:
             return None
 
 
-def spec_to_json(spec: NodeSpec) -> dict:
-    """A node's spec as the journal keeps it, so that a later process can boot it again."""
-    return {
-        "hostname": spec.hostname,
-        "ip": spec.ip,
-        "root": str(spec.root),
-        "veth": spec.veth,
-        "extra_mounts": dict(spec.extra_mounts),
-        "command": spec.command,
-        "env": dict(spec.env),
-        "cgroup_mode": spec.cgroup_mode,
-        "layers": str(spec.layers) if spec.layers is not None else None,
-        "hide": [str(h) for h in spec.hide],
-        "shared_mounts": dict(spec.shared_mounts),
-        "confinement": dataclasses.asdict(spec.confinement),
-    }
+@dataclass(frozen=True)
+class NodeRecord:
+    """A started node as a record keeps it: what a later process needs to stop it safely
+    (the keeper's start time makes a recycled pid harmless)."""
 
+    pid: int  # the keeper
+    init_pid: int = 0  # the node's first process
+    start_time: int | None = None  # the keeper's (``procs.start_time``)
+    log: str = ""  # the node's log ("": not recorded, as in the emulator's record)
 
-def spec_from_json(data: dict) -> NodeSpec:
-    return NodeSpec(
-        hostname=data["hostname"],
-        ip=data["ip"],
-        root=Path(data["root"]),
-        veth=data["veth"],
-        extra_mounts=dict(data.get("extra_mounts") or {}),
-        command=data.get("command"),
-        env=dict(data.get("env") or {}),
-        cgroup_mode=data.get("cgroup_mode", "rw"),
-        layers=Path(data["layers"]) if data.get("layers") else None,
-        hide=[Path(h) for h in data.get("hide", [])],
-        shared_mounts=dict(data.get("shared_mounts") or {}),
-        confinement=Confinement(**data["confinement"]) if "confinement" in data else privileges.for_node(),
-    )
+    @classmethod
+    def of(cls, node: NodeProcess) -> NodeRecord:
+        return cls(pid=node.pid, init_pid=node.init_pid, start_time=procs.start_time(node.pid), log=str(node.log_path))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeRecord:
+        """Also a record another program wrote with more fields (the emulator's ``veth``)."""
+        start = data.get("start_time")
+        return cls(
+            pid=int(data["pid"]),
+            init_pid=int(data.get("init_pid") or 0),
+            start_time=int(start) if start is not None else None,
+            log=str(data.get("log") or ""),
+        )
+
+    def live_pids(self) -> list[int]:
+        """The node's first process and its keeper, while the keeper is the recorded one and
+        the first process still its child (pid reuse); none otherwise."""
+        if not procs.is_alive(self.pid, self.start_time):
+            return []
+        init = [self.init_pid] if self.init_pid and procs.parent_pid(self.init_pid) == self.pid else []
+        return [*init, self.pid]

@@ -8,12 +8,13 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pytest_sky import procs
 from pytest_sky.backends.netns.cgroups import kill_cgroups, signal_cgroups
 from pytest_sky.backends.netns.links import delete_cluster_links, delete_links
-from pytest_sky.backends.netns.nodes import NodeProcess
+from pytest_sky.backends.netns.nodes import NodeProcess, NodeRecord
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +96,18 @@ def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
     return found
 
 
-def reap_nodes(recorded: Iterable[dict], *, cgroups: Iterable[str | None] = (), node_dirs: str = "") -> None:
+def reap_nodes(
+    recorded: Iterable[NodeRecord | Mapping[str, Any]], *, cgroups: Iterable[str | None] = (), node_dirs: str = ""
+) -> None:
     """Kill nodes known only from a record, whose owner died: by their recorded cgroups, by
     their recorded pids (checked against their start times, so a recycled pid is safe), and
     by ``node_dirs`` (a node directory prefix) for nodes started but not yet recorded when
-    the owner was killed: their command lines name their node directories."""
+    the owner was killed: their command lines name their node directories.  A record may
+    still come as the JSON object a NodeRecord writes (the emulator's own record does)."""
     pids: list[int] = []
     for node in recorded:
-        if procs.is_alive(node["pid"], node.get("start_time")):
-            init = node.get("init_pid") or 0
-            if init and procs.parent_pid(init) == node["pid"]:
-                pids.append(init)
-            pids.append(node["pid"])
+        record = node if isinstance(node, NodeRecord) else NodeRecord.from_json(node)
+        pids += record.live_pids()
     if node_dirs:
         for pid, _ in node_processes(node_dirs):
             pids += [child_pid(pid), pid]
