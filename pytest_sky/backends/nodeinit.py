@@ -250,55 +250,43 @@ def _mounts(plan: NodePlan) -> None:
         bind(source, root + target)
 
 
-RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
-NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
-IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_LINKINFO = 1, 3, 4, 10, 18
-IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD = 20, 27, 28
-IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
-IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 7, 8, 15
-RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST = 254, 2, 253, 1
-IFF_UP = 1
-
-
-def _ifinfo(index: int = 0, up: bool = False) -> bytes:
-    """``struct ifinfomsg``: the link by index (0: by its IFLA_IFNAME), brought up or not."""
-    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP if up else 0)
-
-
-def _u32(kind: int, value: int) -> bytes:
-    return netlink.attr(kind, struct.pack("=I", value))
-
-
-def _name(kind: int, text: str) -> bytes:
-    return netlink.attr(kind, text.encode() + b"\0")
-
-
-def _request(sock: socket.socket, what: str, kind: int, flags: int, body: bytes) -> None:
-    sock.send(netlink.message(kind, body, netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | flags))
-    netlink.check_ack(sock, what)
-
-
 def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket.socket) -> None:
     """The node's veth, made by the node itself (every node at once, none waiting for a host
     step): ``eth0`` here with its MAC fixed by its IP, the peer in the host's namespace in
     the cluster's link group, then put on the bridge and brought up from the host's side
     (``host_sock`` was opened there, before the node had a namespace of its own)."""
-    peer = _ifinfo() + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MTU, plan.mtu) + _u32(IFLA_NET_NS_FD, host_netns)
+    peer = (
+        netlink.ifinfo()
+        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
+        + netlink.u32(netlink.IFLA_MTU, plan.mtu)
+        + netlink.u32(netlink.IFLA_NET_NS_FD, host_netns)
+    )
     if plan.link_group:
-        peer += _u32(IFLA_GROUP, plan.link_group)
-    info = _name(IFLA_INFO_KIND, "veth") + netlink.attr(IFLA_INFO_DATA, netlink.attr(VETH_INFO_PEER, peer))
-    eth0 = _ifinfo() + _name(IFLA_IFNAME, "eth0") + _u32(IFLA_MTU, plan.mtu)
-    eth0 += netlink.attr(IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
-    _request(
+        peer += netlink.u32(netlink.IFLA_GROUP, plan.link_group)
+    info = netlink.string(netlink.IFLA_INFO_KIND, "veth") + netlink.attr(
+        netlink.IFLA_INFO_DATA, netlink.attr(netlink.VETH_INFO_PEER, peer)
+    )
+    eth0 = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, "eth0") + netlink.u32(netlink.IFLA_MTU, plan.mtu)
+    eth0 += netlink.attr(netlink.IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
+    netlink.request(
         own,
         f"create veth {plan.veth}",
-        RTM_NEWLINK,
-        NLM_F_CREATE | NLM_F_EXCL,
-        eth0 + netlink.attr(IFLA_LINKINFO, info),
+        netlink.RTM_NEWLINK,
+        netlink.NLM_F_CREATE | netlink.NLM_F_EXCL,
+        eth0 + netlink.attr(netlink.IFLA_LINKINFO, info),
     )
-    host_end = _ifinfo(up=True) + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MASTER, plan.bridge_index)
-    _request(host_sock, f"put {plan.veth} on its bridge", RTM_NEWLINK, 0, host_end + _name(IFLA_IFALIAS, plan.alias))
+    host_end = (
+        netlink.ifinfo(up=True)
+        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
+        + netlink.u32(netlink.IFLA_MASTER, plan.bridge_index)
+    )
+    netlink.request(
+        host_sock,
+        f"put {plan.veth} on its bridge",
+        netlink.RTM_NEWLINK,
+        0,
+        host_end + netlink.string(netlink.IFLA_IFALIAS, plan.alias),
+    )
 
 
 def _network(plan: NodePlan, own: socket.socket) -> None:
@@ -307,17 +295,32 @@ def _network(plan: NodePlan, own: socket.socket) -> None:
     lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
     address = socket.inet_aton(plan.ip)
     subnet, _, length = plan.subnet.partition("/")
-    _request(own, "lo up", RTM_NEWLINK, 0, _ifinfo(lo, up=True))
-    _request(own, "eth0 up", RTM_NEWLINK, 0, _ifinfo(eth0, up=True))
+    netlink.request(own, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
+    netlink.request(own, "eth0 up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(eth0, up=True))
     addr = struct.pack("=BBBBI", socket.AF_INET, plan.prefixlen, 0, 0, eth0)
-    addr += netlink.attr(IFA_LOCAL, address) + netlink.attr(IFA_ADDRESS, address)
-    _request(own, f"address {plan.ip}/{plan.prefixlen}", RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, addr)
-    route = struct.pack(
-        "=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST, 0
+    addr += netlink.attr(netlink.IFA_LOCAL, address) + netlink.attr(netlink.IFA_ADDRESS, address)
+    netlink.request(
+        own, f"address {plan.ip}/{plan.prefixlen}", netlink.RTM_NEWADDR, netlink.NLM_F_CREATE | netlink.NLM_F_EXCL, addr
     )
-    route += netlink.attr(RTA_DST, socket.inet_aton(subnet)) + _u32(RTA_OIF, eth0) + netlink.attr(RTA_PREFSRC, address)
-    route += netlink.attr(RTA_METRICS, _u32(RTAX_QUICKACK, 1))
-    _request(own, f"route {plan.subnet} quickack", RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
+    route = struct.pack(
+        "=BBBBBBBBI",
+        socket.AF_INET,
+        int(length),
+        0,
+        0,
+        netlink.RT_TABLE_MAIN,
+        netlink.RTPROT_KERNEL,
+        netlink.RT_SCOPE_LINK,
+        netlink.RTN_UNICAST,
+        0,
+    )
+    route += (
+        netlink.attr(netlink.RTA_DST, socket.inet_aton(subnet))
+        + netlink.u32(netlink.RTA_OIF, eth0)
+        + netlink.attr(netlink.RTA_PREFSRC, address)
+    )
+    route += netlink.attr(netlink.RTA_METRICS, netlink.u32(netlink.RTAX_QUICKACK, 1))
+    netlink.request(own, f"route {plan.subnet} quickack", netlink.RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
 
 
 def _pivot(root: str) -> None:

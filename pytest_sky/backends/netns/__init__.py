@@ -19,9 +19,10 @@ later node's mount namespace copies, which keeps deleted namespaces (and their v
 alive until those nodes die.  An anonymous namespace lives exactly as long as the node's
 processes, so killing the node's first process releases everything but the bridge.
 
-Why shell ``ip`` (for bridges and teardown) rather than pyroute2: measured faster here
-(DESIGN.md section 5).  A node's own link is made from inside it over raw netlink
-(``netlink.py``): no program to start, 64 times.
+Why shell ``ip`` (for a bridge's address and route, and teardown) rather than pyroute2:
+measured faster here (DESIGN.md section 5).  The bridge itself, and each node's own link
+(made from inside the node), are raw netlink requests (``netlink.py``): no program to
+start, 64 times, and an errno rather than a message to read.
 
 The package, by concern (each module imports only those above it in this list):
 

@@ -69,10 +69,13 @@ def make_cgroup(path: Path) -> bool:
 
 
 def _populated(path: Path) -> bool:
+    """Whether a process (not a zombie) is in the cgroup or below: ``cgroup.events``' key."""
     try:
-        return "populated 1" in (path / "cgroup.events").read_text()
+        lines = (path / "cgroup.events").read_text().splitlines()
     except OSError:
         return False
+    fields = dict(line.split(maxsplit=1) for line in lines if " " in line)
+    return fields.get("populated", "0").strip() == "1"
 
 
 def kill_cgroups(paths: Sequence[Path | str | None], timeout: float = 10.0) -> list[str]:

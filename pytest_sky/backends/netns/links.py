@@ -1,16 +1,23 @@
-"""The host's side of the nodes' network: the cluster's bridge, link names, groups and aliases."""
+"""The host's side of the nodes' network: the cluster's bridge, link names, groups and aliases.
+
+Why shell ``ip`` for addresses, routes and teardown (one ``ip -batch`` each) rather than
+pyroute2: measured faster here (DESIGN.md section 5).  The bridge itself is one raw netlink
+request (``netlink``), whose answer says in an errno whether the name was taken."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from pytest_sky.backends import netlink
 from pytest_sky.errors import ProvisionError
 
 #: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
@@ -43,20 +50,8 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
     never takes a bridge being created for a stray.
     """
     with link_lock(exclusive=False):
-        proc = subprocess.run(
-            # A fixed address: a bridge otherwise takes the lowest address among its ports, and
-            # when that port leaves (a node dies) every node's ARP entry for the bridge goes stale
-            # for seconds, stalling the client's connection to the head.
-            [ip, "link", "add", name, "address", _local_mac(), "mtu", str(mtu), *_group_args(name), "type", "bridge"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        if proc.returncode != 0:
-            if "exists" in proc.stderr:
-                return False
-            raise ProvisionError(f"could not create bridge {name}: {proc.stderr.strip()}")
+        if not _add_bridge(name, mtu):
+            return False
         try:
             set_alias(name, owner)
         except BaseException:
@@ -77,6 +72,29 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
     except BaseException:
         delete_links(ip, [name])
         raise
+    return True
+
+
+def _add_bridge(name: str, mtu: int) -> bool:
+    """Ask the kernel for the bridge with the one request ``ip link add`` would send; False
+    when a link of that name exists (the kernel's EEXIST: the lease is someone else's)."""
+    body = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, name) + netlink.u32(netlink.IFLA_MTU, mtu)
+    # A fixed address: a bridge otherwise takes the lowest address among its ports, and when
+    # that port leaves (a node dies) every node's ARP entry for the bridge goes stale for
+    # seconds, stalling the client's connection to the head.
+    body += netlink.attr(netlink.IFLA_ADDRESS, bytes.fromhex(_local_mac().replace(":", "")))
+    group = link_group(name)
+    if group is not None:
+        body += netlink.u32(netlink.IFLA_GROUP, group)
+    body += netlink.attr(netlink.IFLA_LINKINFO, netlink.string(netlink.IFLA_INFO_KIND, "bridge"))
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        try:
+            flags = netlink.NLM_F_CREATE | netlink.NLM_F_EXCL
+            netlink.request(sock, f"create bridge {name}", netlink.RTM_NEWLINK, flags, body)
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                return False
+            raise ProvisionError(f"could not create bridge {name}: {exc.strerror}") from None
     return True
 
 
@@ -180,11 +198,6 @@ def link_group(bridge: str) -> int | None:
     """The link group of bridge ``psky<i>`` and its nodes' veths; None for any other name."""
     match = re.fullmatch(rf"{LINK_PREFIX}(\d+)", bridge)
     return LINK_GROUP_BASE + int(match.group(1)) if match and int(match.group(1)) < 0x10000 else None
-
-
-def _group_args(bridge: str) -> list[str]:
-    group = link_group(bridge)
-    return ["group", str(group)] if group is not None else []
 
 
 def _group_is_ours(bridge: str, group: int) -> bool:
