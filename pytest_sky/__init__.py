@@ -17,11 +17,14 @@ a circle), which ``tests/test_layering.py`` checks:
    only errors)
 1. resources, task_file, task, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_proxy
-3. backends.base, backends.netlink, backends.confine, backends.nodeinit, backends.privileges, backends.netns,
-   backends.nfdelay, backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_client,
+3. backends.base, backends.netlink, backends.confine, backends.nodeinit_protocol, backends.nodeinit,
+   backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
+   backends.netns.cgroups, backends.netns.preflight, backends.netns.output, backends.netns.reap,
+   backends.netns.plans, backends.netns.spawn, backends.netns.faults, backends.nfdelay,
+   backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_client,
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
    backends.kube_files: the backend interface and its parts
-4. backends.local, backends.kubernetes, backends
+4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent.records, agent.rank, agent.fanout, agent.control, agent, bootstrap: what goes onto the nodes
 6. runner, job: the client side of a run
 7. lifecycle: launch, provision, teardown, reap

@@ -395,3 +395,49 @@ def test_each_cluster_directory_is_the_top_of_its_own_hierarchy_for_ext4(tmp_pat
     StateStore(tmp_path / "home")
     lsattr = subprocess.run(["lsattr", "-d", str(tmp_path / "home" / "clusters")], capture_output=True, text=True)
     assert lsattr.stdout.split()[0].count("T") == 1, lsattr.stdout
+
+
+def test_the_local_journal_reads_what_the_dict_journal_wrote_and_round_trips(tmp_path: Path):
+    """A journal an earlier version wrote (a plain dict, the same keys) reads as typed records,
+    and what the typed journal writes reads back equal."""
+    from pytest_sky.backends.local_journal import LocalJournal
+    from pytest_sky.state import Journal
+
+    spec = netns.NodeSpec(hostname="c-head", ip="198.18.3.2", root=tmp_path / "nodes" / "0", veth="psky3n0")
+    old = {
+        "index": 3,
+        "bridge": "psky3",
+        "veths": ["psky3n0"],
+        "cgroups": [""],
+        "node_dirs": str(tmp_path / "nodes") + "/",
+        "specs": [spec.to_json()],
+        "mtu": 1500,
+        "home_files": [".ssh/id"],
+        "nodes": [{"pid": 10, "init_pid": 11, "start_time": 99, "log": "/x/node.log"}],
+        "delayers": {"0": {"pid": 12, "start_time": 1, "parent": 13, "parent_start": 2}},
+    }
+    journal = Journal(tmp_path / "backend.json")
+    journal.update(**old)
+    state = LocalJournal.load(journal)
+    assert state.nodes == [netns.NodeRecord(pid=10, init_pid=11, start_time=99, log="/x/node.log")]
+    assert state.specs[0].veth == "psky3n0" and state.delayers[0] == netns.Delayer(12, 1, 13, 2)
+    assert not state.faults
+    state.save(journal)
+    assert LocalJournal.load(journal) == state
+    journal.update(nodes=[{"init_pid": 1}])  # no pid: not a node record
+    with pytest.raises(ProvisionError, match="not a local journal"):
+        LocalJournal.load(journal)
+
+
+def test_a_node_record_in_the_emulator_s_shape_is_reaped_like_a_typed_one(monkeypatch: pytest.MonkeyPatch):
+    """``reap_nodes`` takes the JSON object a record holds (the emulator's carries ``veth`` and
+    no ``log``) as well as a NodeRecord: both name the same pids."""
+    from pytest_sky.backends.netns import reap
+
+    killed: list[list[int]] = []
+    monkeypatch.setattr(reap, "kill_and_wait", lambda pids: killed.append(list(pids)) or [])
+    me = os.getpid()
+    raw = {"pid": me, "init_pid": 0, "start_time": procs.start_time(me), "veth": "psky9p3"}
+    netns.reap_nodes([raw])
+    netns.reap_nodes([netns.NodeRecord.from_json(raw)])
+    assert killed == [[me], [me]]

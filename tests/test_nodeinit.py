@@ -6,6 +6,7 @@ that cannot start says which step failed and leaves nothing."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 
 from pytest_sky import procs
 from pytest_sky.backends import local, netns
+from pytest_sky.backends.netns import output, spawn
+from pytest_sky.backends.nodeinit_protocol import Report, Stage
 from pytest_sky.errors import ProvisionError
 from tests.bridges import IP, free_indexes
 
@@ -146,14 +149,12 @@ def test_a_node_that_cannot_mount_says_which_mount_and_leaves_nothing(tmp_path, 
     assert [c for c in (netns.node_cgroup(s.veth) for s in specs) if c is not None and c.exists()] == []
 
 
-def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(capfd):
-    """The keeper says ``ready`` after forking the init, which may be configured first; the
-    spawner relays both lines whatever their order, and the host waits for both (a 64-node
-    bench run once lost node 53's ``ready`` this way)."""
+def relay(capfd: pytest.CaptureFixture[str], said: list[Report]) -> str:
+    """What the spawner's relay passes on when node 0's pipe carries ``said`` and then closes."""
     from pytest_sky.backends import nodeinit
 
     up_r, up_w = os.pipe()
-    os.write(up_w, b"configured 0\nready 0 4242 4243\n")
+    os.write(up_w, b"".join(r.encode() for r in said))
     os.close(up_w)
     stdin_r, stdin_w = os.pipe()  # the host's end, still open: as the spawner's stdin
     saved = os.dup(0)
@@ -164,17 +165,41 @@ def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(
         os.dup2(saved, 0)
         for fd in (saved, stdin_r, stdin_w):
             os.close(fd)
-    relayed = capfd.readouterr().out
-    assert relayed.splitlines() == ["configured 0", "ready 0 4242 4243"]
+    return capfd.readouterr().out
 
-    spawner = object.__new__(netns._Spawner)
+
+def host_reads(relayed: str, log: Path) -> list[netns.NodeProcess]:
+    """What the host makes of the relayed reports (one node, whose log is ``log``)."""
+    spawner = object.__new__(spawn._Spawner)
     spec = netns.NodeSpec(hostname="n0", ip="198.18.0.2", root=Path("/nonexistent"), veth="psky0n0")
     spawner.specs, spawner.cgroups, spawner.started = [spec], [None], {}
-    spawner.plans = [SimpleNamespace(log="/nonexistent/node.log")]
+    spawner.plans = [SimpleNamespace(log=str(log))]
     out_r, out_w = os.pipe()
     os.write(out_w, relayed.encode())
     os.close(out_w)
     with os.fdopen(out_r, "rb") as stdout:
-        spawner.lines = netns._Lines(SimpleNamespace(stdout=stdout))
-        (node,) = spawner.wait_configured(timeout=5)
+        spawner.lines = output.Lines(SimpleNamespace(stdout=stdout))
+        return spawner.wait_configured(timeout=5)
+
+
+def test_a_keeper_s_ready_after_its_init_s_configured_is_still_relayed_and_read(capfd):
+    """The keeper says READY after forking the init, which may be configured first; the
+    spawner relays both reports whatever their order, and the host waits for both (a 64-node
+    bench run once lost node 53's READY this way)."""
+    reports = [Report(Stage.CONFIGURED, 0), Report(Stage.READY, 0, keeper_pid=4242, init_pid=4243)]
+    relayed = relay(capfd, reports)
+    assert [Report.decode(line) for line in relayed.splitlines()] == reports
+    (node,) = host_reads(relayed, Path("/nonexistent/node.log"))
     assert (node.pid, node.init_pid) == (4242, 4243)
+
+
+def test_a_node_whose_pipe_closes_before_it_is_configured_fails_with_its_log(capfd, tmp_path: Path):
+    """A keeper that died without a word: the relay says EXITED, and the host names the node
+    and quotes its log's last line (what the dying process printed)."""
+    relayed = relay(capfd, [Report(Stage.READY, 0, keeper_pid=4242, init_pid=4243)])
+    assert Report.decode(relayed.splitlines()[-1]) == Report(Stage.EXITED, 0)
+    log = tmp_path / "node.log"
+    log.write_text("sshd: no hostkeys available\n")
+    expected = "node n0 did not start: the node's first process exited | sshd: no hostkeys"
+    with pytest.raises(ProvisionError, match=re.escape(expected)):
+        host_reads(relayed, log)

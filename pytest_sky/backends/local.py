@@ -23,6 +23,7 @@ from pathlib import Path
 from pytest_sky import console, gpus, naming, procs
 from pytest_sky.backends import netns, privileges
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
+from pytest_sky.backends.local_journal import LocalJournal
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
@@ -148,7 +149,8 @@ class LocalBackend(Backend):
         index = self._lease_subnet(tools["ip"], str(config.cluster_dir))
         subnet, base = subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
-        journal.update(index=index, bridge=bridge_name(index), veths=veths, nodes=[])
+        state = LocalJournal(index=index, bridge=bridge_name(index), veths=veths)
+        state.save(journal)
         try:
             shares = gpus.allocate(self.devices(), config.num_nodes, config.resources.accelerators)
             info = ClusterInfo(
@@ -166,19 +168,18 @@ class LocalBackend(Backend):
                     spec.shared_mounts[str(shared)] = config.shared_dir
             # Intent before action: a run killed while its nodes start leaves a journal from
             # which the next run's reaper finds them (their cgroups, their command lines).
-            journal.update(
-                cgroups=[str(netns.node_cgroup(s.veth) or "") for s in specs],
-                node_dirs=str(config.cluster_dir / "nodes") + "/",
-                # What restart_node needs to boot a node again, from any process.
-                specs=[netns.spec_to_json(s) for s in specs],
-                mtu=self.mtu,
-                home_files=sorted(config.home_files),
-            )
+            state.cgroups = [str(netns.node_cgroup(s.veth) or "") for s in specs]
+            state.node_dirs = str(config.cluster_dir / "nodes") + "/"
+            state.specs = specs  # what restart_node needs to boot a node again, from any process
+            state.mtu = self.mtu
+            state.home_files = sorted(config.home_files)
+            state.save(journal)
             started = netns.start_nodes(
                 specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
             )
             self._nodes[config.name] = started
-            journal.update(nodes=[_node_record(n) for n in started])
+            state.nodes = [netns.NodeRecord.of(n) for n in started]
+            state.save(journal)
             self._wait_ready(started)
             return info
         except BaseException:
@@ -201,26 +202,32 @@ class LocalBackend(Backend):
         for node in info.nodes:
             _write_home(root / str(node.rank) / "home", files)
         # What a wiped node's home gets back (its provisioned files, as a fresh machine would).
-        journal.update(home_files=sorted({*journal.load().get("home_files", []), *files}))
+        state = LocalJournal.load(journal)
+        state.home_files = sorted({*state.home_files, *files})
+        state.save(journal)
 
     def destroy(self, name: str, journal: Journal) -> None:
-        data = journal.load()
+        try:
+            state = LocalJournal.load(journal)
+        except ProvisionError as exc:  # best effort: the nodes by their directories, the bridge by its alias
+            log.warning("%s: removing the cluster by what its directory names", exc)
+            state = LocalJournal(node_dirs=str(journal.cluster_dir / "nodes") + "/")
         tools = netns.require_tools()
-        if data.get("specs") and len(data.get("nodes", [])) == len(self._nodes.get(name, [])):
-            for rank in range(len(data["nodes"])):  # a node another process restarted is stopped too
-                self._node(name, data, rank)
+        if state.specs and len(state.nodes) == len(self._nodes.get(name, [])):
+            for rank in range(len(state.nodes)):  # a node another process restarted is stopped too
+                self._node(name, state, rank)
         started = self._nodes.pop(name, None)
         # A launch interrupted between leasing its bridge and writing that down left no
         # journal entry for it; the bridge's alias still names this cluster's directory.
-        bridge = data.get("bridge") or netns.bridge_owned_by(str(journal.cluster_dir))
+        bridge = state.bridge or netns.bridge_owned_by(str(journal.cluster_dir))
         if started is not None:
             netns.stop_nodes(tools["ip"], started, bridge=bridge)
             return
-        netns.reap_nodes(data.get("nodes", []), cgroups=data.get("cgroups", []), node_dirs=data.get("node_dirs", ""))
+        netns.reap_nodes(state.nodes, cgroups=state.cgroups, node_dirs=state.node_dirs)
         if bridge:
-            netns.delete_cluster_links(tools["ip"], bridge, data.get("veths", []))
+            netns.delete_cluster_links(tools["ip"], bridge, state.veths)
         else:
-            netns.delete_links(tools["ip"], data.get("veths", []))
+            netns.delete_links(tools["ip"], state.veths)
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.
@@ -260,7 +267,7 @@ class LocalBackend(Backend):
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
         """Every process of the node dies at once: its PID namespace's first process (the
         kernel kills the rest with it) and its cgroup; its veth goes with its namespace."""
-        node = self._node(name, journal.load(), rank)
+        node = self._node(name, LocalJournal.load(journal), rank)
         netns.stop_nodes(netns.require_tools()["ip"], [node])
         node.pid = node.init_pid = 0  # reaped: never signal these numbers again
 
@@ -268,24 +275,25 @@ class LocalBackend(Backend):
         """Boot the node from its spec in the journal: same directory (host key, sshd config,
         home, layers), same veth name and address; its network faults are applied again."""
         self.kill_node(name, journal, rank)  # a running node is rebooted
-        data = journal.load()
-        spec = netns.spec_from_json(data["specs"][rank])
+        state = LocalJournal.load(journal)
+        if state.index is None or rank >= len(state.specs) or rank >= len(state.nodes):
+            raise ProvisionError(f"cluster {name}'s journal does not say how to boot node {rank} again")
+        spec = state.specs[rank]
         if wipe:
-            _wipe(spec, data.get("home_files", []))
+            _wipe(spec, state.home_files)
         tools = netns.require_tools()
         started = netns.start_nodes(
             [spec],
-            bridge=data["bridge"],
+            bridge=state.bridge,
             prefixlen=24,
-            subnet=subnet_of(data["index"])[0],
-            mtu=data["mtu"],
+            subnet=subnet_of(state.index)[0],
+            mtu=state.mtu or self.mtu,
             tools=tools,
         )
         if name in self._nodes:
             self._nodes[name][rank] = started[0]
-        records = list(data["nodes"])
-        records[rank] = _node_record(started[0])
-        journal.update(nodes=records)
+        state.nodes[rank] = netns.NodeRecord.of(started[0])
+        state.save(journal)
         self._wait_ready(started)
         faults = self.network_faults(journal)
         if faults:
@@ -293,18 +301,19 @@ class LocalBackend(Backend):
         return info  # same address, same MAC: nothing names it differently
 
     def network_faults(self, journal: Journal) -> NetworkFaults:
-        return NetworkFaults.from_json(journal.load().get("faults"))
+        return LocalJournal.load(journal).faults
 
     def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
         """Each node's share applied inside its own namespace (a killed node gets its share
         when it restarts).  Recorded first, so a half-applied state is still healed."""
         netem = netns.netem_available()
-        data = journal.update(faults=faults.to_json())
+        state = LocalJournal.load(journal)
+        state.faults = faults
+        state.save(journal)
         ips = [n.ip for n in info.nodes]
-        delayers = dict(data.get("delayers", {}))
         for rank in range(len(ips)):
-            node = self._node(name, data, rank)
-            old = delayers.pop(str(rank), None)
+            node = self._node(name, state, rank)
+            old = state.delayers.pop(rank, None)
             if not node.init_pid:
                 continue
             d = faults.degraded.get(rank, LinkDegradation())
@@ -318,36 +327,35 @@ class LocalBackend(Backend):
                 jitter_ms=d.jitter_ms,
             )
             if old is not None:  # a queue has one owner: the old delayer goes first
-                netns.stop_delayer(netns.Delayer(**old))
+                netns.stop_delayer(old)
             if (d.delay_ms or d.jitter_ms) and not netem:
-                started = netns.start_delayer(node.init_pid, d.delay_ms, d.jitter_ms, node.log_path)
-                delayers[str(rank)] = vars(started)
-                journal.update(delayers=delayers)  # on record before its rules send it packets
-            mtu = int(data.get("mtu", self.mtu))
+                state.delayers[rank] = netns.start_delayer(node.init_pid, d.delay_ms, d.jitter_ms, node.log_path)
+                state.save(journal)  # on record before its rules send it packets
+            mtu = state.mtu or self.mtu
             netns.apply_link_faults(node.init_pid, share, netem=netem, mtu=mtu, ip=netns.require_tools()["ip"])
-        journal.update(delayers=delayers)
+        state.save(journal)
 
     def link_shaping(self) -> str:
         return "netem" if netns.netem_available() else "tbf+iptables+nfqueue"
 
-    def _node(self, name: str, data: dict, rank: int) -> netns.NodeProcess:
+    def _node(self, name: str, state: LocalJournal, rank: int) -> netns.NodeProcess:
         """Node ``rank`` as this process started it, or as the journal says (another process
         started it, or restarted it since: the CLI's ``fault``): its pids only while they are
         still the ones recorded (pid reuse)."""
         started = self._nodes.get(name)
-        record, spec = data["nodes"][rank], data["specs"][rank]
-        if started is not None and started[rank].pid == record["pid"]:
+        record, spec = state.nodes[rank], state.specs[rank]
+        if started is not None and started[rank].pid == record.pid:
             return started[rank]
-        alive = procs.is_alive(record["pid"], record.get("start_time"))
-        init = record.get("init_pid") or 0
-        cgroup = (data.get("cgroups") or [""] * (rank + 1))[rank]
+        alive = procs.is_alive(record.pid, record.start_time)
+        init = record.init_pid
+        cgroup = state.cgroup(rank)
         node = netns.NodeProcess(
-            hostname=spec["hostname"],
-            ip=spec["ip"],
-            veth=spec["veth"],
-            pid=record["pid"] if alive else 0,
-            init_pid=init if alive and procs.parent_pid(init) == record["pid"] else 0,
-            log_path=Path(record["log"]),
+            hostname=spec.hostname,
+            ip=spec.ip,
+            veth=spec.veth,
+            pid=record.pid if alive else 0,
+            init_pid=init if alive and init and procs.parent_pid(init) == record.pid else 0,
+            log_path=Path(record.log) if record.log else spec.root / netns.NODE_LOG,
             cgroup=Path(cgroup) if cgroup else None,
         )
         if started is not None:
@@ -438,16 +446,6 @@ class LocalBackend(Backend):
             if why == NO_BANNER:
                 why = f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
             raise ProvisionError(f"node {node.hostname} did not come up: {why}")
-
-
-def _node_record(node: netns.NodeProcess) -> dict:
-    """A started node as the journal keeps it (the start time makes a recycled pid safe)."""
-    return {
-        "pid": node.pid,
-        "init_pid": node.init_pid,
-        "start_time": procs.start_time(node.pid),
-        "log": str(node.log_path),
-    }
 
 
 def _wipe(spec: netns.NodeSpec, home_files: list[str]) -> None:

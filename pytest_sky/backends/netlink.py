@@ -35,3 +35,34 @@ def check_ack(sock: socket.socket, what: str = "netlink request") -> None:
         (err,) = struct.unpack_from("=i", data, 16)
         if err:
             raise OSError(-err, f"{what}: {os.strerror(-err)}")
+
+
+# rtnetlink: links, addresses, routes (what ``ip`` would send)
+
+RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
+NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_LINKINFO = 1, 3, 4, 10, 18
+IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD = 20, 27, 28
+IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+RTA_DST, RTA_OIF, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 7, 8, 15
+RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST = 254, 2, 253, 1
+IFF_UP = 1
+
+
+def ifinfo(index: int = 0, up: bool = False) -> bytes:
+    """``struct ifinfomsg``: the link by index (0: by its IFLA_IFNAME), brought up or not."""
+    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP if up else 0)
+
+
+def u32(kind: int, value: int) -> bytes:
+    return attr(kind, struct.pack("=I", value))
+
+
+def string(kind: int, text: str) -> bytes:
+    return attr(kind, text.encode() + b"\0")
+
+
+def request(sock: socket.socket, what: str, kind: int, flags: int, body: bytes) -> None:
+    sock.send(message(kind, body, NLM_F_REQUEST | NLM_F_ACK | flags))
+    check_ack(sock, what)

@@ -18,13 +18,8 @@ as a container runtime confines a pod (its own ``/dev`` and IPC namespace, ``/pr
 Every keeper carries this program's command line, so the host finds the nodes of a dead run
 by their directories (``netns.node_processes``).
 
-The protocol, in lines on this program's stdin and stdout::
-
-    in:  one JSON object {"nodes": [NodePlan, ...]}
-    out: ready <i> <keeper pid> <init pid>        namespaces made (the keeper says it)
-    out: configured <i>  |  failed <i> <message>  link, address and root in place (the init)
-                                                  ready and configured come in either order
-    in:  end of input before every node is configured: the host gave up, kill them all
+It talks with the host over its stdin and stdout in ``nodeinit_protocol``'s messages: a
+Launch in, a Report out for each step of each node.
 """
 
 from __future__ import annotations
@@ -33,21 +28,21 @@ import contextlib
 import ctypes
 import fcntl
 import functools
-import json
 import os
 import select
 import socket
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 try:
     from pytest_sky.backends import confine, netlink
+    from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import confine
     import netlink
+    from nodeinit_protocol import Launch, NodePlan, Report, Stage
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -64,44 +59,6 @@ PR_SET_PDEATHSIG = 1
 KEEPER_UP = 3  # the node's pipe to the spawner, at a fixed number after the fork
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass
-class NodePlan:
-    """Everything one node's start needs, sent as JSON (``netns`` builds it from a NodeSpec)."""
-
-    hostname: str
-    ip: str
-    prefixlen: int
-    subnet: str
-    mtu: int
-    root: str  # the node's directory: etc/passwd, etc/hosts, sshd_config, home/
-    log: str  # the node's log: the output of everything it runs
-    exit_file: str  # where the keeper writes the init's exit code (-N: killed by signal N)
-    sshd: str
-    sshd_args: list[str]  # before -f: sshd.daemon_args
-    path: str  # PATH of the node's first process
-    command: str = ""  # instead of sshd (a pod's container command), a shell command line
-    env: dict[str, str] = field(default_factory=dict)  # added to the first process's environment
-    cgroup_dir: str = ""  # the node's cgroup on the host ("": none)
-    cgroup_mode: str = ""  # cgroup2 at /sys/fs/cgroup: "rw", "ro" or "" (not mounted)
-    layers: str = ""  # the node's layers directory ("": it shares the host's files)
-    submounts: list[tuple[int, str, str]] = field(default_factory=list)  # (layer, "rw"|"ro", path)
-    hide: list[str] = field(default_factory=list)  # absent on the node: directories covered, files removed
-    node_home: str = ""
-    extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
-    shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
-    veth: str = ""  # the host's end of the node's link (the node's own end is eth0)
-    mac: str = ""  # eth0's
-    bridge_index: int = 0  # the bridge the host's end goes on
-    link_group: int = 0  # the cluster's link group (0: none): one deletion removes them all
-    alias: str = ""  # the host's end's ifalias: the node's directory, for `pytest-sky doctor`
-    #: What its processes hold (a pod's, by default: ``privileges`` decides it).
-    confinement: confine.Confinement = field(default_factory=confine.Confinement)
-
-    @classmethod
-    def from_json(cls, data: dict) -> NodePlan:
-        return cls(**{**data, "confinement": confine.Confinement(**data["confinement"])})
 
 
 class NodeInitError(Exception):
@@ -293,55 +250,43 @@ def _mounts(plan: NodePlan) -> None:
         bind(source, root + target)
 
 
-RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
-NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
-IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_LINKINFO = 1, 3, 4, 10, 18
-IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD = 20, 27, 28
-IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
-IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 7, 8, 15
-RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST = 254, 2, 253, 1
-IFF_UP = 1
-
-
-def _ifinfo(index: int = 0, up: bool = False) -> bytes:
-    """``struct ifinfomsg``: the link by index (0: by its IFLA_IFNAME), brought up or not."""
-    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP if up else 0)
-
-
-def _u32(kind: int, value: int) -> bytes:
-    return netlink.attr(kind, struct.pack("=I", value))
-
-
-def _name(kind: int, text: str) -> bytes:
-    return netlink.attr(kind, text.encode() + b"\0")
-
-
-def _request(sock: socket.socket, what: str, kind: int, flags: int, body: bytes) -> None:
-    sock.send(netlink.message(kind, body, netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | flags))
-    netlink.check_ack(sock, what)
-
-
 def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket.socket) -> None:
     """The node's veth, made by the node itself (every node at once, none waiting for a host
     step): ``eth0`` here with its MAC fixed by its IP, the peer in the host's namespace in
     the cluster's link group, then put on the bridge and brought up from the host's side
     (``host_sock`` was opened there, before the node had a namespace of its own)."""
-    peer = _ifinfo() + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MTU, plan.mtu) + _u32(IFLA_NET_NS_FD, host_netns)
+    peer = (
+        netlink.ifinfo()
+        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
+        + netlink.u32(netlink.IFLA_MTU, plan.mtu)
+        + netlink.u32(netlink.IFLA_NET_NS_FD, host_netns)
+    )
     if plan.link_group:
-        peer += _u32(IFLA_GROUP, plan.link_group)
-    info = _name(IFLA_INFO_KIND, "veth") + netlink.attr(IFLA_INFO_DATA, netlink.attr(VETH_INFO_PEER, peer))
-    eth0 = _ifinfo() + _name(IFLA_IFNAME, "eth0") + _u32(IFLA_MTU, plan.mtu)
-    eth0 += netlink.attr(IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
-    _request(
+        peer += netlink.u32(netlink.IFLA_GROUP, plan.link_group)
+    info = netlink.string(netlink.IFLA_INFO_KIND, "veth") + netlink.attr(
+        netlink.IFLA_INFO_DATA, netlink.attr(netlink.VETH_INFO_PEER, peer)
+    )
+    eth0 = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, "eth0") + netlink.u32(netlink.IFLA_MTU, plan.mtu)
+    eth0 += netlink.attr(netlink.IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
+    netlink.request(
         own,
         f"create veth {plan.veth}",
-        RTM_NEWLINK,
-        NLM_F_CREATE | NLM_F_EXCL,
-        eth0 + netlink.attr(IFLA_LINKINFO, info),
+        netlink.RTM_NEWLINK,
+        netlink.NLM_F_CREATE | netlink.NLM_F_EXCL,
+        eth0 + netlink.attr(netlink.IFLA_LINKINFO, info),
     )
-    host_end = _ifinfo(up=True) + _name(IFLA_IFNAME, plan.veth) + _u32(IFLA_MASTER, plan.bridge_index)
-    _request(host_sock, f"put {plan.veth} on its bridge", RTM_NEWLINK, 0, host_end + _name(IFLA_IFALIAS, plan.alias))
+    host_end = (
+        netlink.ifinfo(up=True)
+        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
+        + netlink.u32(netlink.IFLA_MASTER, plan.bridge_index)
+    )
+    netlink.request(
+        host_sock,
+        f"put {plan.veth} on its bridge",
+        netlink.RTM_NEWLINK,
+        0,
+        host_end + netlink.string(netlink.IFLA_IFALIAS, plan.alias),
+    )
 
 
 def _network(plan: NodePlan, own: socket.socket) -> None:
@@ -350,17 +295,32 @@ def _network(plan: NodePlan, own: socket.socket) -> None:
     lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
     address = socket.inet_aton(plan.ip)
     subnet, _, length = plan.subnet.partition("/")
-    _request(own, "lo up", RTM_NEWLINK, 0, _ifinfo(lo, up=True))
-    _request(own, "eth0 up", RTM_NEWLINK, 0, _ifinfo(eth0, up=True))
+    netlink.request(own, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
+    netlink.request(own, "eth0 up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(eth0, up=True))
     addr = struct.pack("=BBBBI", socket.AF_INET, plan.prefixlen, 0, 0, eth0)
-    addr += netlink.attr(IFA_LOCAL, address) + netlink.attr(IFA_ADDRESS, address)
-    _request(own, f"address {plan.ip}/{plan.prefixlen}", RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, addr)
-    route = struct.pack(
-        "=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST, 0
+    addr += netlink.attr(netlink.IFA_LOCAL, address) + netlink.attr(netlink.IFA_ADDRESS, address)
+    netlink.request(
+        own, f"address {plan.ip}/{plan.prefixlen}", netlink.RTM_NEWADDR, netlink.NLM_F_CREATE | netlink.NLM_F_EXCL, addr
     )
-    route += netlink.attr(RTA_DST, socket.inet_aton(subnet)) + _u32(RTA_OIF, eth0) + netlink.attr(RTA_PREFSRC, address)
-    route += netlink.attr(RTA_METRICS, _u32(RTAX_QUICKACK, 1))
-    _request(own, f"route {plan.subnet} quickack", RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
+    route = struct.pack(
+        "=BBBBBBBBI",
+        socket.AF_INET,
+        int(length),
+        0,
+        0,
+        netlink.RT_TABLE_MAIN,
+        netlink.RTPROT_KERNEL,
+        netlink.RT_SCOPE_LINK,
+        netlink.RTN_UNICAST,
+        0,
+    )
+    route += (
+        netlink.attr(netlink.RTA_DST, socket.inet_aton(subnet))
+        + netlink.u32(netlink.RTA_OIF, eth0)
+        + netlink.attr(netlink.RTA_PREFSRC, address)
+    )
+    route += netlink.attr(netlink.RTA_METRICS, netlink.u32(netlink.RTAX_QUICKACK, 1))
+    netlink.request(own, f"route {plan.subnet} quickack", netlink.RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
 
 
 def _pivot(root: str) -> None:
@@ -373,8 +333,8 @@ def _pivot(root: str) -> None:
     os.rmdir("/.psky-old")
 
 
-def _say(line: str) -> None:
-    os.write(KEEPER_UP, (line + "\n").encode())
+def _say(report: Report) -> None:
+    os.write(KEEPER_UP, report.encode())  # one write: the keeper and its init share the pipe
 
 
 def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket) -> None:
@@ -394,7 +354,7 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
         _restrict(plan.confinement, root)
     if root:
         _pivot(root)
-    _say(f"configured {index}")
+    _say(Report(Stage.CONFIGURED, index))
     os.close(KEEPER_UP)
     confine.drop_privileges(plan.confinement)
     env = {"PATH": plan.path, **plan.env}
@@ -429,7 +389,7 @@ def _keeper(index: int, plan: NodePlan, up: int) -> None:
         _run(functools.partial(_init, index, plan, host_netns, host_sock), index)
     host_sock.close()
     os.close(host_netns)
-    _say(f"ready {index} {os.getpid()} {init}")
+    _say(Report(Stage.READY, index, keeper_pid=os.getpid(), init_pid=init))
     _, status = os.waitpid(init, 0)
     code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
     # The node's directory is at its own path in the node's view too (its root is this
@@ -448,7 +408,7 @@ def _run(step: Callable[[], None], index: int) -> None:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"node init: {message}", file=sys.stderr)
         try:
-            _say(f"failed {index} {message}")
+            _say(Report(Stage.FAILED, index, message=message))
         except OSError:
             pass
     os._exit(1)
@@ -471,10 +431,10 @@ def _start(plans: list[NodePlan]) -> tuple[dict[int, int], list[int]]:
 
 
 def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
-    """Copy the nodes' lines to stdout until each has said both ``ready`` (its keeper) and
-    ``configured`` (its init), in whichever order they ran, or failed, or died; if the
-    host's end closes first, no node of this launch may outlive it."""
-    pending = {fd: {b"ready", b"configured"} for fd in pipes}
+    """Copy the nodes' reports to stdout until each has said both READY (its keeper) and
+    CONFIGURED (its init), in whichever order they ran, or failed, or died; if the host's
+    end closes first, no node of this launch may outlive it."""
+    pending = {fd: {Stage.READY, Stage.CONFIGURED} for fd in pipes}
     buffers = {fd: b"" for fd in pending}
     while pending:
         for fd in select.select([*pending, 0], [], [])[0]:
@@ -488,23 +448,28 @@ def _relay(pipes: dict[int, int], keepers: list[int]) -> None:
             buffers[fd] += chunk
             while b"\n" in buffers[fd]:
                 line, buffers[fd] = buffers[fd].split(b"\n", 1)
-                print(line.decode(), flush=True)
-                word = line.split(b" ", 1)[0]
-                if word == b"failed":
+                report = Report.decode(line)
+                _tell_host(report)
+                if report.stage is Stage.FAILED:
                     pending.pop(fd, None)
                 elif fd in pending:
-                    pending[fd].discard(word)
+                    pending[fd].discard(report.stage)
                     if not pending[fd]:
                         del pending[fd]
             if not chunk and fd in pending:
                 del pending[fd]
-                print(f"failed {pipes[fd]} the node's first process exited", flush=True)
+                _tell_host(Report(Stage.EXITED, pipes[fd]))
             if not chunk:
                 os.close(fd)
 
 
+def _tell_host(report: Report) -> None:
+    sys.stdout.buffer.write(report.encode())
+    sys.stdout.buffer.flush()
+
+
 def main() -> None:
-    plans = [NodePlan.from_json(plan) for plan in json.loads(sys.stdin.buffer.readline())["nodes"]]
+    plans = Launch.decode(sys.stdin.buffer.readline()).nodes
     _relay(*_start(plans))
     sys.stdout.flush()
     os._exit(0)  # at once: the host waits for this exit, while 64 sshds want the CPU
