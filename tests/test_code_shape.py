@@ -1,4 +1,5 @@
-"""No function in ``pytest_sky`` or ``kube_emulator`` is longer than 60 lines.
+"""No function in ``pytest_sky`` or ``kube_emulator`` is longer than 60 lines; no module is
+over 600 and no class over 400.
 
 A function that does not fit on a screen usually does several things, and each should have
 a name (and a docstring saying why).  Length is from the ``def`` line to the end of the
@@ -100,3 +101,41 @@ def test_the_limit_is_inclusive(tmp_path: Path, lines: int, flagged: bool) -> No
     expected = [Function("pkg/sub/m.py", 4, "f", LIMIT + 1)] if flagged else []
     assert too_long(root) == expected
     assert [str(f) for f in expected] == (["pkg/sub/m.py:4:f:61"] if flagged else [])
+
+
+# ------------------------------------------------------------------ modules and classes a newcomer can hold
+
+MODULE_LIMIT = 600
+CLASS_LIMIT = 400
+
+
+def big_rooms(root: Path) -> list[str]:
+    """Modules over :data:`MODULE_LIMIT` lines and classes over :data:`CLASS_LIMIT`, under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        shown = str(path.relative_to(root.parent))
+        source = path.read_text()
+        lines = len(source.splitlines())
+        if lines > MODULE_LIMIT:
+            found.append(f"{shown}: module of {lines} lines")
+        for node in ast.walk(ast.parse(source, filename=shown)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > CLASS_LIMIT:
+                    found.append(f"{shown}:{node.lineno}: class {node.name} of {length} lines")
+    return found
+
+
+@pytest.mark.parametrize("root", ROOTS[:1], ids=lambda root: root.name)
+def test_no_module_or_class_is_too_big_to_hold(root: Path) -> None:
+    """A module past 600 lines or a class past 400 does several jobs; split it by concern."""
+    found = big_rooms(root)
+    assert not found, "split these by concern:\n" + "\n".join(f"  {f}" for f in found)
+
+
+def test_the_room_limits_flag_what_is_past_them(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "small.py").write_text("class A:\n" + body(CLASS_LIMIT - 1))
+    (root / "big.py").write_text("class B:\n" + body(CLASS_LIMIT) + "x = 1\n" * (MODULE_LIMIT - CLASS_LIMIT))
+    assert big_rooms(root) == ["pkg/big.py: module of 601 lines", "pkg/big.py:1: class B of 401 lines"]
