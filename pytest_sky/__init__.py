@@ -29,7 +29,7 @@ a circle), which ``tests/test_layering.py`` checks:
 6. runner, job: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster: the handle
-9. plugin, cli.commands, cli, doctor, pytest_sky: the ways in
+9. plugin, cli.commands, cli, cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_sky.doctor import link_owners
+
 
 def _local_backend_problem() -> str | None:
     from pytest_sky.backends import netns
@@ -84,7 +86,10 @@ def cluster_leftovers(home: Path, info: dict) -> list[str]:
     left = []
     if (home / "clusters" / name).exists():
         left.append(f"state directory {home / 'clusters' / name}")
-    left += [f"link {link}" for link in sorted(set(info["links"]) & link_names())]
+    # A link by its name and its owner: under xdist another worker's cluster may reuse the
+    # name at once, and its alias then names that cluster's directory, not this one's.
+    owned = {n for n, owner in link_owners().items() if str(home / "clusters" / name) in owner}
+    left += [f"link {link}" for link in sorted(set(info["links"]) & owned)]
     left += [f"process {p}" for p in processes_mentioning(f"{home}/clusters/{name}/")]
     return left
 
