@@ -338,25 +338,12 @@ class Cluster:
             for remote, local in task.file_mounts.items():
                 tar.add(local, arcname=remote if remote.startswith("~/") else "/" + remote.lstrip("/"))
         # Member names start with "~/" or "/": unpack ~-members in $HOME, the rest at /.
-        workers = " ".join(self._record.node_ips[1:])
-        script = (
-            "set -e; f=$HOME/.sky/sync.tgz; mkdir -p $HOME/.sky; cat > $f; "
-            # Copied in with --no-overwrite-dir: the staging directory's own mode (mktemp's
-            # 0700) must never land on $HOME or on / (it made a pod's / unusable by non-root).
-            'unpack() { d=$(mktemp -d); tar xzf "$1" -C "$d"; '
-            'if [ -d "$d/~" ]; then [ ! -d "$d/~/sky_workdir" ] || rm -rf "$HOME/sky_workdir"; '
-            '(cd "$d/~" && tar cf - .) | tar xf - -C "$HOME" --no-overwrite-dir; rm -rf "$d/~"; fi; '
-            'if [ -n "$(ls -A "$d")" ]; then (cd "$d" && tar cf - .) | tar xf - -C / --no-overwrite-dir; fi; '
-            'rm -rf "$d"; }; '
-            "unpack $f; "
-            f'for ip in {workers}; do ssh $ip "mkdir -p .sky; cat > .sky/sync.tgz; $(declare -f unpack); '
-            'unpack .sky/sync.tgz" < $f & done; wait'
-        )
+        workers = " ".join(shlex.quote(ip) for ip in self._record.node_ips[1:])
         transport = self._connection().get_transport()
         assert transport is not None
         chan = transport.open_session()
         try:
-            chan.exec_command(f"bash -c {shlex.quote(script)}")
+            chan.exec_command(f"bash -c {shlex.quote(shell.script(shell.SYNC_FILES))} sync {workers}")
             chan.sendall(buf.getvalue())
             chan.shutdown_write()
             code = chan.recv_exit_status()

@@ -464,18 +464,6 @@ def _release(state: _SessionState, key: _ShareKey) -> None:
 #: to add it there).
 NODE_IMAGE_HAS = frozenset({"python3", "torch", "mpi4py", "mpirun", "ssh", "sshd"})
 
-_PROBE = r"""for c in "$@"; do
-  case "$c" in py:*) ;; *) command -v "$c" >/dev/null 2>&1 || echo "MISSING $c" ;; esac
-done
-if command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import importlib.util, sys
-for m in sys.argv[1:]:
-    if m.startswith("py:") and importlib.util.find_spec(m[3:]) is None:
-        print("MISSING", m[3:])' "$@"
-else
-  echo "MISSING python3"
-fi
-"""
 
 
 def missing_on_nodes(cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = ()) -> list[str]:
@@ -483,13 +471,16 @@ def missing_on_nodes(cluster: Cluster, *, commands: Sequence[str] = (), modules:
     ``cluster`` lacks, asked on the nodes themselves: they need not have what this client has."""
     import shlex
 
+    from pytest_sky import shell
+
     args = [*commands, *(f"py:{m}" for m in modules)]
-    res = cluster.run(f"set -- {shlex.join(args)}\n{_PROBE}", timeout=120)
+    res = cluster.run(f"set -- {shlex.join(args)}\n{shell.script(shell.PROBE_NODES)}", timeout=120)
     missing: list[str] = []
+    mark = shell.MISSING_MARK + " "
     for rank in res.ranks:
         for line in rank.stdout.splitlines():
-            name = line.removeprefix("MISSING ").strip()
-            if line.startswith("MISSING ") and name not in missing:
+            name = line.removeprefix(mark).strip()
+            if line.startswith(mark) and name not in missing:
                 missing.append(name)
     return missing
 

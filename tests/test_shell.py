@@ -69,6 +69,9 @@ SPELLED = {
         shell.RUN_ARGV0,  # its own $0 is RANK_ARGV0, given by the agent's command line
     },
     shell.LEFTOVER_CHECK: {shell.JOB_SCOPE_VAR, shell.CGROUP_PREFIX, shell.RANK_ARGV0, shell.AGENT_BUNDLE},
+    shell.POD_BOOTSTRAP: {shell.POD_RANK_VAR, shell.AGENT_BUNDLE},
+    shell.PROBE_NODES: set(),
+    shell.SYNC_FILES: set(),
 }
 
 

@@ -12,6 +12,7 @@ import base64
 import logging
 import shlex
 
+from pytest_sky import shell
 from pytest_sky.backends import kube_manifests as manifests
 from pytest_sky.backends.base import HomeFiles, ProvisionConfig
 from pytest_sky.backends.kube_client import KubeClient
@@ -30,7 +31,7 @@ def secret_files(config: ProvisionConfig) -> dict[str, bytes]:
         "authorized_keys": home[".ssh/authorized_keys"][0],
         "id_ed25519": home[".ssh/id_ed25519"][0],
         "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
-        "agent.pyz": home[".sky/agent.pyz"][0],
+        shell.AGENT_BUNDLE: home[f".sky/{shell.AGENT_BUNDLE}"][0],
         manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
     }
     for rank, key in enumerate(config.keys.hosts):

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pytest_sky import naming
+from pytest_sky import naming, shell
 from pytest_sky.backends import privileges
 from pytest_sky.backends.kube_policy import GpuSelector, node_affinity
 from pytest_sky.resources import Resources
@@ -42,7 +42,7 @@ DEFAULT_MEMORY_GB = 1.0
 #: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.
 SSHD_CONFIG_KEY = "sshd_config"
 #: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
-SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", "agent.pyz", SSHD_CONFIG_KEY)
+SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", shell.AGENT_BUNDLE, SSHD_CONFIG_KEY)
 HOST_KEY_PREFIX = "host_key_"
 
 #: How long a pod without sshd may spend installing it (apt-get update and install, or apk,
@@ -55,61 +55,9 @@ NO_SSHD_MARKER = "pytest-sky: image-lacks-sshd:"
 #: The fix that error names.
 NO_SSHD_FIX = "build examples/kubernetes/Dockerfile, push it and pass --kube-image <that image>"
 
-# Installs openssh-server with whichever package manager the image has, each network step
-# bounded (no retries, short timeouts); BOOTSTRAP bounds the whole with `timeout`.  No single
-# quotes in it: BOOTSTRAP quotes it with them.
-_INSTALL = (
-    "set -e; if command -v apt-get >/dev/null 2>&1; then "
-    'A="-o Acquire::Retries=0 -o Acquire::http::Timeout=10 -o Acquire::https::Timeout=10 '
-    '-o APT::Update::Error-Mode=any -o Dpkg::Use-Pty=0"; '
-    "apt-get $A update -qq; "
-    "DEBIAN_FRONTEND=noninteractive apt-get $A install -y -qq --no-install-recommends openssh-server; "
-    "elif command -v apk >/dev/null 2>&1; then apk add --no-cache openssh-server; "
-    "elif command -v dnf >/dev/null 2>&1; then "
-    "dnf install -y -q --setopt=retries=0 --setopt=timeout=10 openssh-server; "
-    'else echo "no apt-get, apk or dnf in the image"; exit 1; fi'
-)
-
-# The container's first process: sshd from the Secret's keys.  Everything it writes goes to
-# $HOME or /run, never to other paths of the image (the emulator's pods share a disk).
+#: The container's first process (``pytest_sky/shell/pod_bootstrap.sh``): sshd from the Secret's keys.
 BOOTSTRAP = (
-    r"""set -e
-S=/run/pytest-sky-secret
-R=/run/pytest-sky
-mkdir -p "$R" /run/sshd
-chmod 755 /run/sshd
-SSHD=$(command -v sshd || true)
-[ -n "$SSHD" ] || [ ! -x /usr/sbin/sshd ] || SSHD=/usr/sbin/sshd
-if [ -z "$SSHD" ]; then
-  echo "pytest-sky: no sshd in the image: installing openssh-server (at most __T__ s)"
-  T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 5 __T__"
-  code=0
-  $T /bin/sh -c '__INSTALL__' >"$R/install.log" 2>&1 || code=$?
-  if [ "$code" != 0 ]; then
-    why=$(grep -E '^(E|W|Err):' "$R/install.log" | head -n 1 | cut -c1-200)
-    [ -n "$why" ] || why=$(grep -v '^ *$' "$R/install.log" | tail -n 1 | cut -c1-200)
-    [ "$code" != 124 ] && [ "$code" != 137 ] || why="no package repository answered within __T__ s"
-    echo "__MARK__ ${why:-exit $code}"
-    exit 1
-  fi
-  SSHD=/usr/sbin/sshd
-fi
-[ -x "$SSHD" ] || { echo "__MARK__ the package installed no $SSHD"; exit 1; }
-""".replace("__INSTALL__", _INSTALL)
-    .replace("__T__", str(INSTALL_TIMEOUT_S))
-    .replace("__MARK__", NO_SSHD_MARKER)
-    + r"""umask 077
-mkdir -p "$HOME/.ssh" "$HOME/.sky"
-cp "$S/authorized_keys" "$HOME/.ssh/authorized_keys"
-cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
-cp "$S/id_ed25519.pub" "$HOME/.ssh/id_ed25519.pub"
-cp "$S/agent.pyz" "$HOME/.sky/agent.pyz"
-cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
-# The config comes in the Secret (ssh.sshd renders every backend's); only the image knows
-# its PATH, so the pod appends that line itself.
-{ cat "$S/sshd_config"; echo "SetEnv PATH=$PATH"; } > "$R/sshd_config"
-exec "$SSHD" -D -e -f "$R/sshd_config"
-"""
+    shell.script(shell.POD_BOOTSTRAP).replace("__T__", str(INSTALL_TIMEOUT_S)).replace("__MARK__", NO_SSHD_MARKER)
 )
 
 
@@ -287,7 +235,7 @@ def pod(
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": ["/bin/sh", "-c", BOOTSTRAP],
-                "env": [{"name": "PSKY_RANK", "value": str(rank)}],
+                "env": [{"name": shell.POD_RANK_VAR, "value": str(rank)}],
                 "ports": [{"name": "ssh", "containerPort": 22, "protocol": "TCP"}],
                 "resources": container_resources(resources, placement.with_limits),
                 "securityContext": privileges.container_security_context(asked),

@@ -36,12 +36,19 @@ JOB_SCOPE_PREFIX = "psky-"
 #: How the name of a job's cgroup starts (``psky-job-<supervisor pid>``).
 CGROUP_PREFIX = "psky-job-"
 
+#: The environment variable that tells a pod's bootstrap its rank (which host key is its own).
+POD_RANK_VAR = "PSKY_RANK"
+#: What the node probe prints before each command or module a node lacks.
+MISSING_MARK = "MISSING"
 #: Every name above: what the scripts may spell.
-MARKERS = (AGENT_BUNDLE, RANK_ARGV0, RUN_ARGV0, PID_MARK, JOB_SCOPE_VAR, JOB_SCOPE_PREFIX, CGROUP_PREFIX)
+MARKERS = (POD_RANK_VAR, AGENT_BUNDLE, RANK_ARGV0, RUN_ARGV0, PID_MARK, JOB_SCOPE_VAR, JOB_SCOPE_PREFIX, CGROUP_PREFIX)
 
 #: The scripts, by file name.
 RANK_SUPERVISOR = "rank_supervisor.sh"
 LEFTOVER_CHECK = "leftover_check.sh"
+POD_BOOTSTRAP = "pod_bootstrap.sh"
+PROBE_NODES = "probe_nodes.sh"
+SYNC_FILES = "sync_files.sh"
 
 
 def script(name: str) -> str:
