@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -22,12 +23,14 @@ from pytest_sky.errors import NotSupportedError, TaskError
 from pytest_sky.job import JobStatus
 
 
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
+def launch_three() -> pytest_sky.Cluster:
     c = pytest_sky.launch(num_nodes=3, name=f"fapi-{os.getpid() % 10000}-{time.monotonic_ns() % 1000}")
     c.run("true")  # the connection and the head's masters up: the fault is the only slow thing
-    yield c
+    return c
+
+
+def down_and_check_nothing_left(c: pytest_sky.Cluster) -> None:
+    """Tear down after faults: no link, node process or cgroup of the cluster remains."""
     data = c.journal.load()  # the last nodes started (a restarted node's new pids)
     c.down()
     assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
@@ -35,17 +38,52 @@ def cluster(tmp_path, monkeypatch):
     assert [p for p in data["cgroups"] if p and os.path.exists(p)] == []
 
 
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A cluster of the test's own: for kills and restarts, which change the nodes themselves."""
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
+    c = launch_three()
+    yield c
+    down_and_check_nothing_left(c)
+
+
+@pytest.fixture(scope="module")
+def module_cluster(module_home):
+    c = launch_three()
+    yield c
+    down_and_check_nothing_left(c)
+
+
+@pytest.fixture
+def network(module_cluster):
+    """The module's cluster for a test of network faults, which a heal undoes: each test gets
+    it healed, as a cluster shared by a scope is (the plugin's reset), and checked to be so."""
+    yield module_cluster
+    module_cluster.heal()
+    assert not module_cluster.network_faults
+    assert probes(module_cluster, [(2, 1, 22), (1, 2, 22)]) == ["open", "open"]
+
+
+def probes(cluster, checks: list[tuple[int, int, int]], timeout: float = 2.0) -> list[str]:
+    """What each ``(src, dst, port)`` sees, rank ``src`` opening TCP to rank ``dst``'s
+    ``port``: "open", "refused" or "timeout".  All at once, in one run: a dropped packet's
+    only signal is the timeout, so probes one after another would each wait it out."""
+    lines = []
+    for i, (src, dst, port) in enumerate(checks):
+        ip = cluster.node_ips[dst]
+        lines.append(
+            f'[ "$SKYPILOT_NODE_RANK" != {src} ] || {{ timeout {timeout} bash -c "exec 3<>/dev/tcp/{ip}/{port}" '
+            f"2>/dev/null; case $? in 0) r=open ;; 124) r=timeout ;; *) r=refused ;; esac; echo {i} $r; }} &"
+        )
+    res = cluster.run("\n".join([*lines, "wait"]), timeout=30)
+    assert res.returncode == 0, res.output
+    seen = dict(line.split() for r in res.ranks for line in r.stdout.splitlines())
+    return [seen[str(i)] for i in range(len(checks))]
+
+
 def probe(cluster, src: int, dst: int, port: int = 22, timeout: float = 2.0) -> str:
     """What rank ``src`` sees opening TCP to rank ``dst``: "open", "refused" or "timeout"."""
-    ip = cluster.node_ips[dst]
-    cmd = (
-        f'[ "$SKYPILOT_NODE_RANK" = {src} ] || exit 0; '
-        f"timeout {timeout} bash -c 'exec 3<>/dev/tcp/{ip}/{port}' 2>/dev/null; rc=$?; "
-        'case $rc in 0) echo open ;; 124) echo timeout ;; *) echo "refused rc=$rc" ;; esac'
-    )
-    res = cluster.run(cmd, timeout=30)
-    assert res.returncode == 0, res.output
-    return res.ranks[src].stdout.strip().split()[0]
+    return probes(cluster, [(src, dst, port)], timeout)[0]
 
 
 def host_connect(ip: str, port: int, timeout: float) -> str:
@@ -139,21 +177,18 @@ def test_restart_head_reconnects_the_client(cluster):
 # ------------------------------------------------------------------------------ network
 
 
-def test_partition_drops_between_groups_and_heal_restores(cluster):
-    assert probe(cluster, 2, 1) == "open"
-    assert probe(cluster, 2, 1, port=9) == "refused"  # a closed port answers with a reset
+def test_partition_drops_between_groups_and_heal_restores(network):
+    cluster = network
+    assert probes(cluster, [(2, 1, 22), (2, 1, 9)]) == ["open", "refused"]  # a closed port answers with a reset
     cluster.partition([0, 1], [2])
-    assert probe(cluster, 2, 1) == "timeout"  # dropped, not rejected: nothing comes back
-    assert probe(cluster, 2, 1, port=9) == "timeout"
-    assert probe(cluster, 1, 2) == "timeout"
-    assert probe(cluster, 0, 2, port=9) == "timeout"  # the head too, beyond its SSH
-    assert probe(cluster, 0, 1) == "open"  # within a group nothing changed
-    assert probe(cluster, 0, 2) == "open"  # the harness's control path: head to worker SSH
+    seen = probes(cluster, [(2, 1, 22), (2, 1, 9), (1, 2, 22), (0, 2, 9), (0, 1, 22), (0, 2, 22)])
+    # Dropped, not rejected: nothing comes back; the head too, beyond its SSH.  Within a group
+    # nothing changed, nor on the harness's control path (head to worker SSH).
+    assert seen == ["timeout", "timeout", "timeout", "timeout", "open", "open"]
     res = cluster.run("hostname")  # so a job still runs on every rank and is collected
     assert res.returncode == 0 and len(res.ranks) == 3, res.output
     cluster.heal()
-    assert probe(cluster, 2, 1) == "open"
-    assert probe(cluster, 0, 2, port=9) == "refused"
+    assert probes(cluster, [(2, 1, 22), (0, 2, 9)]) == ["open", "refused"]
     assert not cluster.network_faults
 
 
@@ -165,12 +200,15 @@ def test_partition_survives_a_restart_of_a_partitioned_node(cluster):
     assert probe(cluster, 1, 2) == "open"
 
 
-def test_degrade_loss_drops_packets_both_ways(cluster):
+def test_degrade_loss_drops_packets_both_ways(network):
+    cluster = network
     ip = cluster.node_ips[1]
     tries = 40
 
     def unanswered() -> int:  # a SYN to a closed port, or its reset, lost: no answer in time
-        return sum(host_connect(ip, 9, timeout=0.25) != "refused" for _ in range(tries))
+        with ThreadPoolExecutor(tries) as pool:  # at once: each lost one waits out its timeout
+            seen = pool.map(lambda _: host_connect(ip, 9, timeout=0.25), range(tries))
+            return sum(answer != "refused" for answer in seen)
 
     assert unanswered() == 0
     cluster.degrade(1, loss_pct=40)
@@ -180,7 +218,8 @@ def test_degrade_loss_drops_packets_both_ways(cluster):
     assert unanswered() == 0
 
 
-def test_degrade_rate_caps_bandwidth_both_ways_and_heal_lifts_it(cluster):
+def test_degrade_rate_caps_bandwidth_both_ways_and_heal_lifts_it(network):
+    cluster = network
     # 2 MB/s: a capped transfer lasts seconds, so an ssh handshake slowed by a loaded host
     # (counted in every figure) cannot close the gap to the uncapped one.
     cap_mbit = 16
@@ -206,7 +245,8 @@ def connect_ms(ip: str, tries: int = 7) -> list[float]:
     return sorted(out)
 
 
-def test_degrade_delay_and_jitter_both_ways(cluster):
+def test_degrade_delay_and_jitter_both_ways(network):
+    cluster = network
     ip = cluster.node_ips[1]
     assert cluster.link_shaping == ("netem" if netns.netem_available() else "tbf+iptables+nfqueue")
     assert connect_ms(ip)[3] < 20
@@ -223,7 +263,8 @@ def test_degrade_delay_and_jitter_both_ways(cluster):
         assert cluster.journal.load().get("delayers") == {}
 
 
-def test_bad_fault_arguments_are_one_line_errors(cluster):
+def test_bad_fault_arguments_are_one_line_errors(network):
+    cluster = network
     with pytest.raises(TaskError, match="no rank 3"):
         cluster.kill_node(3)
     with pytest.raises(TaskError, match="both groups"):
@@ -270,40 +311,36 @@ def test_cli_faults_act_on_a_cluster_of_another_process(cluster, tmp_path):
 # ------------------------------------------------------------------------------ Kubernetes
 
 
-def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tmp_path, monkeypatch):
+def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tmp_path, monkeypatch, emu):
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
-    from kube_emulator import Emulator
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
-    with Emulator(nodes=2) as emu:
-        opts = {"kubeconfig": str(emu.kubeconfig_path)}
-        c = pytest_sky.launch(
-            num_nodes=2, name=f"fk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts
-        )
-        try:
-            job = c.submit("sleep 92")
-            deadline = time.monotonic() + 30
-            while job.status != JobStatus.RUNNING:
-                assert time.monotonic() < deadline, "job did not start"
-                time.sleep(0.05)
-            start = time.monotonic()
-            c.kill_node(1)
-            assert job.wait(15) == JobStatus.FAILED
-            assert time.monotonic() - start < 5
-            assert "rank 1" in job.error, job.error
-            api = KubernetesBackend(**opts).api()
-            pods = api.list_namespaced_pod("default", label_selector=manifests.selector(c.name)).items
-            assert [p.metadata.name for p in pods] == [manifests.pod_name(c.name, 0)]
-            with pytest.raises(NotSupportedError, match="NetworkPolicy"):
-                c.partition([0], [1])
-            with pytest.raises(NotSupportedError, match="NetworkPolicy"):
-                c.degrade(1, rate_mbit=10)
-            c.heal()  # nothing to undo: not an error
-        finally:
-            c.down()
+    opts = {"kubeconfig": str(emu.kubeconfig_path)}
+    c = pytest_sky.launch(num_nodes=2, name=f"fk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts)
+    try:
+        job = c.submit("sleep 92")
+        deadline = time.monotonic() + 30
+        while job.status != JobStatus.RUNNING:
+            assert time.monotonic() < deadline, "job did not start"
+            time.sleep(0.05)
+        start = time.monotonic()
+        c.kill_node(1)
+        assert job.wait(15) == JobStatus.FAILED
+        assert time.monotonic() - start < 5
+        assert "rank 1" in job.error, job.error
+        api = KubernetesBackend(**opts).api()
+        pods = api.list_namespaced_pod("default", label_selector=manifests.selector(c.name)).items
+        assert [p.metadata.name for p in pods] == [manifests.pod_name(c.name, 0)]
+        with pytest.raises(NotSupportedError, match="NetworkPolicy"):
+            c.partition([0], [1])
+        with pytest.raises(NotSupportedError, match="NetworkPolicy"):
+            c.degrade(1, rate_mbit=10)
+        c.heal()  # nothing to undo: not an error
+    finally:
+        c.down()
 
 
 def _keyscan(cluster, ip: str) -> str:
@@ -315,73 +352,67 @@ def _keyscan(cluster, ip: str) -> str:
     return " ".join(fields[1:])
 
 
-def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new_ip(tmp_path, monkeypatch):
+def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new_ip(tmp_path, monkeypatch, emu):
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
-    from kube_emulator import Emulator
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
-    with Emulator(nodes=2) as emu:
-        opts = {"kubeconfig": str(emu.kubeconfig_path)}
-        api = KubernetesBackend(**opts).api()
-        c = pytest_sky.launch(
-            num_nodes=3, name=f"rk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts
+    opts = {"kubeconfig": str(emu.kubeconfig_path)}
+    api = KubernetesBackend(**opts).api()
+    c = pytest_sky.launch(num_nodes=3, name=f"rk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts)
+    sel = manifests.selector(c.name)
+    try:
+        old_ip, worker1 = c.node_ips[1], f"{c.name}-worker1"
+        old_key = _keyscan(c, old_ip)
+        assert c.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || exit 0; echo x > ~/home-file').returncode == 0
+        old_uid = api.read_namespaced_pod(worker1, "default").metadata.uid
+        c.kill_node(1)
+        c.restart_node(1)
+        new = api.read_namespaced_pod(worker1, "default")
+        assert new.metadata.uid != old_uid  # a new pod, as a real restart of one is
+        assert manifests.labels(c.name, 1).items() <= new.metadata.labels.items()
+        assert [v.secret.secret_name for v in new.spec.volumes if v.secret] == [manifests.secret_name(c.name)]
+        new_ip = new.status.pod_ip
+        assert new_ip != old_ip  # the emulator hands a new address, as a real CNI does
+        # The handle, the saved record (another process, the CLI) and every run name it.
+        assert c.node_ips[1] == new_ip
+        assert pytest_sky.get_cluster(c.name).node_ips == c.node_ips
+        res = c.run(
+            'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; echo "own=$(hostname -I)"; '
+            "[ -e ~/home-file ] && echo home=kept || echo home=gone"
         )
-        sel = manifests.selector(c.name)
-        try:
-            old_ip, worker1 = c.node_ips[1], f"{c.name}-worker1"
-            old_key = _keyscan(c, old_ip)
-            assert c.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || exit 0; echo x > ~/home-file').returncode == 0
-            old_uid = api.read_namespaced_pod(worker1, "default").metadata.uid
-            c.kill_node(1)
-            c.restart_node(1)
-            new = api.read_namespaced_pod(worker1, "default")
-            assert new.metadata.uid != old_uid  # a new pod, as a real restart of one is
-            assert manifests.labels(c.name, 1).items() <= new.metadata.labels.items()
-            assert [v.secret.secret_name for v in new.spec.volumes if v.secret] == [manifests.secret_name(c.name)]
-            new_ip = new.status.pod_ip
-            assert new_ip != old_ip  # the emulator hands a new address, as a real CNI does
-            # The handle, the saved record (another process, the CLI) and every run name it.
-            assert c.node_ips[1] == new_ip
-            assert pytest_sky.get_cluster(c.name).node_ips == c.node_ips
-            res = c.run(
-                'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; echo "own=$(hostname -I)"; '
-                "[ -e ~/home-file ] && echo home=kept || echo home=gone"
-            )
-            assert res.returncode == 0, res.output
-            seen = [dict(line.split("=", 1) for line in r.stdout.splitlines()) for r in res.ranks]
-            assert [s["ips"] for s in seen] == [",".join(c.node_ips)] * 3
-            assert new_ip in seen[1]["own"].split()
-            assert seen[1]["home"] == "gone"  # a recreated pod's filesystem is the image's again
-            # Same host key at the new address; strict checking from the head and from the
-            # other worker (their ssh files were rewritten) and from the client passes.
-            assert _keyscan(c, new_ip) == old_key
-            strict = "ssh -o StrictHostKeyChecking=yes -o BatchMode=yes"
-            hop = c.run(f'[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 0; {strict} {worker1} hostname -I')
-            assert hop.returncode == 0, hop.output
-            assert [hop.ranks[r].stdout.split() for r in (0, 2)] == [[new_ip], [new_ip]]
-            client = subprocess.run(
-                ["ssh", "-F", c.ssh_config, worker1, "hostname"], capture_output=True, text=True, timeout=60
-            )
-            assert client.returncode == 0 and client.stdout.strip() == worker1, client.stderr
-            # The head too: the client's port-forward and shared connection follow its new pod,
-            # and the workers reach it at its new address, strictly checked.
-            old_head = c.node_ips[0]
-            c.kill_node(0)
-            c.restart_node(0)
-            assert c.node_ips[0] != old_head
-            back = c.run(f'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; {strict} {c.name}-head hostname -I')
-            assert back.returncode == 0, back.output
-            assert [r.stdout.split() for r in back.ranks] == [[f"ips={','.join(c.node_ips)}", c.node_ips[0]]] * 3
-        finally:
-            c.down()
-        assert api.list_namespaced_pod("default", label_selector=sel).items == []
-        assert api.list_namespaced_secret("default", label_selector=sel).items == []
-        assert [
-            s.metadata.name for s in api.list_namespaced_service("default").items if s.metadata.name == c.name
-        ] == []
+        assert res.returncode == 0, res.output
+        seen = [dict(line.split("=", 1) for line in r.stdout.splitlines()) for r in res.ranks]
+        assert [s["ips"] for s in seen] == [",".join(c.node_ips)] * 3
+        assert new_ip in seen[1]["own"].split()
+        assert seen[1]["home"] == "gone"  # a recreated pod's filesystem is the image's again
+        # Same host key at the new address; strict checking from the head and from the
+        # other worker (their ssh files were rewritten) and from the client passes.
+        assert _keyscan(c, new_ip) == old_key
+        strict = "ssh -o StrictHostKeyChecking=yes -o BatchMode=yes"
+        hop = c.run(f'[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 0; {strict} {worker1} hostname -I')
+        assert hop.returncode == 0, hop.output
+        assert [hop.ranks[r].stdout.split() for r in (0, 2)] == [[new_ip], [new_ip]]
+        client = subprocess.run(
+            ["ssh", "-F", c.ssh_config, worker1, "hostname"], capture_output=True, text=True, timeout=60
+        )
+        assert client.returncode == 0 and client.stdout.strip() == worker1, client.stderr
+        # The head too: the client's port-forward and shared connection follow its new pod,
+        # and the workers reach it at its new address, strictly checked.
+        old_head = c.node_ips[0]
+        c.kill_node(0)
+        c.restart_node(0)
+        assert c.node_ips[0] != old_head
+        back = c.run(f'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; {strict} {c.name}-head hostname -I')
+        assert back.returncode == 0, back.output
+        assert [r.stdout.split() for r in back.ranks] == [[f"ips={','.join(c.node_ips)}", c.node_ips[0]]] * 3
+    finally:
+        c.down()
+    assert api.list_namespaced_pod("default", label_selector=sel).items == []
+    assert api.list_namespaced_secret("default", label_selector=sel).items == []
+    assert [s.metadata.name for s in api.list_namespaced_service("default").items if s.metadata.name == c.name] == []
 
 
 # ------------------------------------------------------------------------------ pure parts
