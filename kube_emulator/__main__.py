@@ -24,7 +24,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
+from kube_emulator.config import KUBERNETES_VERSION, ClusterConfig
 from kube_emulator.faults import Faults
 from kube_emulator.product import SkyError
 from kube_emulator.server import CONTEXTS, ROLE_CONTEXT, SHIPPED_ROLE, EmulatorServer, default_state_dir
