@@ -136,7 +136,7 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await server.start()
         print(
-            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {server.cluster.kubelet.bridge}); "
+            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {server.cluster.kubelet.network.bridge}); "
             f"kubeconfig {server.kubeconfig_path}",
             file=sys.stderr,
             flush=True,
