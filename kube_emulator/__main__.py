@@ -135,8 +135,9 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        bridge = server.cluster.kubelet.network.bridge
         print(
-            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {server.cluster.kubelet.network.bridge}); "
+            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {bridge}); "
             f"kubeconfig {server.kubeconfig_path}",
             file=sys.stderr,
             flush=True,

@@ -2,15 +2,12 @@
 
 A pod is a ``pytest_sky.backends.netns`` node (reached through ``product.py``) whose first
 process is the container's command: its own network, UTS, mount and PID namespaces, one
-veth into the emulator's bridge (one /24 of 198.18.0.0/15 for the whole emulated cluster,
-leased race-free the way the local backend leases its subnets), a root filesystem of its own (a copy-on-write layer
-over this machine's, as a container's writable layer over its image, reset when the
-container restarts; the emulator's own state is hidden), a private ``/run``, and
-bind-mounted ``/etc/passwd``
-(root's home is the pod's own directory), ``/etc/hosts`` (the pod's own entry only, as the
-kubelet writes it) and ``/etc/resolv.conf`` (the emulator's cluster DNS, ``dns.py``, with
-the namespace's search path): peers resolve through DNS, as on a real cluster.  Secret
-volumes are written to a host directory and bind-mounted read-only.
+veth into the emulator's bridge (``network.py``), a root filesystem of its own (a
+copy-on-write layer over this machine's, as a container's writable layer over its image,
+reset when the container restarts; the emulator's own state is hidden), a private ``/run``,
+and the volumes and ``/etc`` files ``sandbox.py`` makes for it.  This module is the pod's
+lifecycle: image pulls, mounts retried, the container started, restarted with back-off
+under its restart policy, stopped for deletion; and the injected faults along the way.
 
 Why nodes rather than containers: the emulator's pods must run the backend's real
 start-up script and a real sshd, reachable by port-forward, as on a cluster; the local
@@ -19,7 +16,7 @@ nothing (killing a PID namespace's first process ends every process in it).
 
 Everything that blocks (``ip``, ``unshare``, waiting for the node's handshake) runs on a
 thread pool; state changes happen on the server's event loop.  What was started is
-recorded in ``emulator.json`` in the instance directory, so a later emulator can reap the
+recorded in the instance directory (``leftovers.py``), so a later emulator can reap the
 leftovers of one that was SIGKILLed.
 """
 

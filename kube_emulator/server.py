@@ -1,8 +1,9 @@
-"""The HTTP face of the emulator: Kubernetes REST paths, auth, watches, logs, admin.
+"""The HTTP face of the emulator: discovery, authentication, the admin endpoints, the kubeconfig.
 
-One catch-all aiohttp handler parses ``/api/v1/...`` the way the API server's request-info
-resolver does (namespace, resource, name, subresource -> verb), authenticates the bearer
-token, authorizes the verb, and dispatches to :class:`~kube_emulator.cluster.Cluster`.
+One catch-all aiohttp handler answers discovery (``/version``, ``/api``, ``/api/v1``),
+authenticates the bearer token, and hands ``/api/v1/...`` to :class:`~kube_emulator.rest.ResourceApi`
+(which resolves the path to a verb, authorizes it and calls the cluster) and ``/emulator/...``
+to the admin endpoints.
 Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
 them into its one-line messages.
 
