@@ -5,20 +5,27 @@ events, namespaces; get/list/watch/create/delete with selectors; exec; port-forw
 to the official client through a generated kubeconfig, and runs every pod as a namespace
 node of the local backend.  Layout:
 
-- ``server.py``: HTTP paths, auth, watches, logs, the admin endpoint; ``EmulatorServer``
-  (async core) and ``Emulator`` (in-process, background thread).
-- ``cluster.py``: API semantics (defaulting, validation, deletion), events, scheduler loop.
-- ``scheduler.py``: resource fit, taints, node selectors, pod anti-affinity.
-- ``admission.py``: LimitRanger, Pod Security and ResourceQuota admission of pods.
-- ``kubelet.py``: pods as namespace nodes, secret volumes, /etc/hosts and /etc/resolv.conf,
-  exec/port-forward plumbing, reaping a SIGKILLed emulator's leftovers.
+- ``server.py``: discovery, auth, the admin endpoint; ``EmulatorServer`` (async core) and
+  ``Emulator`` (in-process, background thread).  ``rest.py``: resource paths to cluster
+  calls; ``feeds.py``: watches and followed logs; ``streams.py``: the exec and port-forward
+  WebSocket channel protocols.
+- ``cluster.py``: API semantics (create, update, patch, graceful deletion, namespaces), over
+  ``api.py`` (resources, Status errors), ``validation.py`` (checks and defaults of a new
+  object), ``patches.py``, ``admission.py`` (LimitRanger, Pod Security, ResourceQuota),
+  ``events.py``, ``nodes.py`` (the Node objects) and ``scheduling.py`` (the scheduler's loop;
+  ``scheduler.py`` decides where a pod fits: resources, taints, selectors, anti-affinity).
+- ``kubelet.py``: pods as namespace nodes, their lifecycle, restarts and back-off, over
+  ``pods.py`` (a pod as the kubelet holds it), ``network.py`` (the bridge and pod addresses),
+  ``sandbox.py`` (volumes, /etc/hosts, /etc/resolv.conf, the node spec), ``podstatus.py``,
+  ``podexec.py`` (exec and port-forward into a pod) and ``leftovers.py`` (the record a
+  SIGKILLed emulator leaves, and reaping it).
 - ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).
 - ``images.py``: images as views of this machine's tree with named paths absent.
-- ``streams.py``: the exec and port-forward WebSocket channel protocols.
 - ``store.py``: objects, resourceVersions and watch fan-out.
 - ``rbac.py``: Role-shaped rules per token, matched as the real RBAC authorizer matches
   them, with the exec/port-forward websocket verbs of the chosen Kubernetes version.
-- ``selectors.py``, ``faults.py``: label/field selectors; injected faults.
+- ``selectors.py``, ``faults.py``, ``config.py``: label/field selectors; injected faults;
+  the cluster's shape.
 
 - ``product.py``: the one module that imports ``pytest_sky``; what the emulator borrows from
   the plugin (the node primitive, links, a pod's privileges, passwd, its errors) is named there.
@@ -28,18 +35,22 @@ Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
 
-0. product, selectors, faults, images, rbac: leaves, importing nothing of the emulator's
-1. store, scheduler: objects and watches; where a pod fits
-2. admission, dns: what the API server admits and what the cluster's DNS answers
-3. kubelet: pods as nodes, below the cluster it serves (``kubelet.PodHost``)
-4. cluster: the API semantics
-5. streams, server: the wire
-6. kube_emulator, __main__: the ways in
+0. product, config, selectors, faults, images, rbac: leaves, importing nothing of the emulator's
+1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
+   bridge and addresses; the record a killed emulator leaves
+2. api, patches, validation, admission, events, nodes, dns, scheduling: what the API server
+   checks, admits and records, the Node objects, what the cluster's DNS answers, the scheduler's loop
+3. pods, podstatus, sandbox, podexec: one pod as the kubelet holds it (``pods.PodHost`` is the
+   cluster it serves), its status, what its node is made of, the ways into it
+4. kubelet: pods as nodes, below the cluster it serves
+5. cluster: the API semantics
+6. streams, feeds, rest, server: the wire
+7. kube_emulator, __main__: the ways in
 """
 
 from __future__ import annotations
 
-from kube_emulator.cluster import ClusterConfig
+from kube_emulator.config import ClusterConfig
 from kube_emulator.faults import Faults
 from kube_emulator.server import (
     BAD_TOKEN,

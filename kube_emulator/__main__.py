@@ -24,7 +24,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kube_emulator.cluster import KUBERNETES_VERSION, ClusterConfig
+from kube_emulator.config import KUBERNETES_VERSION, ClusterConfig
 from kube_emulator.faults import Faults
 from kube_emulator.product import SkyError
 from kube_emulator.server import CONTEXTS, ROLE_CONTEXT, SHIPPED_ROLE, EmulatorServer, default_state_dir
@@ -135,8 +135,9 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        bridge = server.cluster.kubelet.network.bridge
         print(
-            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {server.cluster.kubelet.bridge}); "
+            f"kube emulator ready at {server.url} ({args.nodes} nodes, bridge {bridge}); "
             f"kubeconfig {server.kubeconfig_path}",
             file=sys.stderr,
             flush=True,

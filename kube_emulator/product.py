@@ -20,6 +20,7 @@ __all__ = [
     "RUNTIME_DEFAULT_CAPABILITIES",
     "Confinement",
     "NodeProcess",
+    "NodeRecord",
     "NodeSpec",
     "ProvisionError",
     "SkyError",
@@ -43,6 +44,7 @@ __all__ = [
 # Nodes: a pod is one, on a bridge of the emulator's own (the local backend's primitive).
 NodeSpec = netns.NodeSpec
 NodeProcess = netns.NodeProcess
+NodeRecord = netns.NodeRecord
 LINK_PREFIX = netns.LINK_PREFIX
 NODE_HOME = netns.NODE_HOME
 require_privileges = netns.require_privileges

@@ -1,8 +1,9 @@
-"""The HTTP face of the emulator: Kubernetes REST paths, auth, watches, logs, admin.
+"""The HTTP face of the emulator: discovery, authentication, the admin endpoints, the kubeconfig.
 
-One catch-all aiohttp handler parses ``/api/v1/...`` the way the API server's request-info
-resolver does (namespace, resource, name, subresource -> verb), authenticates the bearer
-token, authorizes the verb, and dispatches to :class:`~kube_emulator.cluster.Cluster`.
+One catch-all aiohttp handler answers discovery (``/version``, ``/api``, ``/api/v1``),
+authenticates the bearer token, and hands ``/api/v1/...`` to :class:`~kube_emulator.rest.ResourceApi`
+(which resolves the path to a verb, authorizes it and calls the cluster) and ``/emulator/...``
+to the admin endpoints.
 Errors are ``Status`` bodies with the real codes and reasons, because the backend turns
 them into its one-line messages.
 
@@ -25,49 +26,36 @@ an exec or port-forward websocket depends on ``kube_version`` (see the rbac modu
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
-from multidict import MultiDictProxy
 
-from kube_emulator.cluster import (
-    KUBERNETES_VERSION,
-    RESOURCES,
-    ApiError,
-    Cluster,
-    ClusterConfig,
-    field_allowed,
-)
+from kube_emulator.api import RESOURCES, ApiError
+from kube_emulator.cluster import Cluster
+from kube_emulator.config import KUBERNETES_VERSION, ClusterConfig
 from kube_emulator.faults import Faults
-from kube_emulator.kubelet import reap_leftovers
+from kube_emulator.leftovers import reap_leftovers
 from kube_emulator.rbac import (
     Authorizer,
     Decision,
-    Forbidden,
     Grant,
     PolicyRule,
-    Request,
     Subject,
-    connect_verbs,
     load_grants,
     load_grants_file,
     parse_version,
 )
-from kube_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
-from kube_emulator.store import Expired, Watcher
-from kube_emulator.streams import handle_exec, handle_portforward
+from kube_emulator.rest import Deletion, ResourceApi, json_response
+from kube_emulator.selectors import SelectorError
 
 log = logging.getLogger(__name__)
 
@@ -89,78 +77,6 @@ def default_state_dir() -> Path:
     """Beside the project's own state (``PYTEST_SKY_HOME``), so its leak checks cover it."""
     home = os.environ.get("PYTEST_SKY_HOME") or str(Path.home() / ".pytest_sky")
     return Path(home) / "kube-emulator"
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(body, separators=(",", ":")).encode(), status=status, content_type="application/json"
-    )
-
-
-def _bool(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes")
-
-
-def _strip_list_item(obj: dict[str, Any]) -> dict[str, Any]:
-    """List items carry no kind/apiVersion on a real server."""
-    return {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
-
-
-@dataclass(frozen=True)
-class Deletion:
-    """One delete of one object, with the DeleteOptions it came with (``EmulatorServer.deletions``):
-    which verbs a client used is in the RBAC decisions; how it deleted (grace period,
-    preconditions) only here."""
-
-    user: str
-    resource: str
-    namespace: str
-    name: str
-    options: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a resource path names: a collection (``name`` None) or one object, maybe a
-    subresource of it."""
-
-    resource: str
-    namespace: str | None
-    name: str | None
-    sub: str | None
-
-
-def _target(parts: list[str]) -> Target:
-    """``[namespaces, NS,] RESOURCE[, NAME[, SUB]]``, or a 404 as the API server answers."""
-    if len(parts) >= 3 and parts[0] == "namespaces":
-        namespace: str | None = parts[1]
-        resource, rest = parts[2], parts[3:]
-    elif parts[0] == "namespaces":
-        namespace, resource, rest = None, "namespaces", parts[1:]
-    else:
-        namespace, resource, rest = None, parts[0], parts[1:]
-    if resource not in RESOURCES or len(rest) > 2 or any(not p for p in rest):
-        raise ApiError(404, "NotFound", "the server could not find the requested resource")
-    if not RESOURCES[resource].namespaced and namespace is not None:
-        raise ApiError(404, "NotFound", "the server could not find the requested resource")
-    name = rest[0] if rest else None
-    sub = rest[1] if len(rest) > 1 else None
-    if sub is not None and not (resource == "pods" and sub in ("exec", "portforward", "log", "status")):
-        raise ApiError(404, "NotFound", "the server could not find the requested resource")
-    return Target(resource, namespace, name, sub)
-
-
-def _verb(method: str, query: MultiDictProxy[str], target: Target) -> str | None:
-    """The RBAC verb of ``method`` on ``target``; None: the method means nothing there."""
-    if target.name is None:
-        return {
-            "GET": "watch" if _bool(query.get("watch")) else "list",
-            "POST": "create",
-            "DELETE": "deletecollection",
-        }.get(method)
-    if target.sub in ("exec", "portforward"):
-        return "connect" if method in ("GET", "POST") else None
-    return {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
 
 
 class EmulatorServer:
@@ -197,11 +113,10 @@ class EmulatorServer:
         self.current_context = current_context
         self.cluster = Cluster(self.config, self.faults, self.instance_dir)
         self.cluster.kubelet.kubeconfig = str(self.kubeconfig_path)
+        self.rest = ResourceApi(self.cluster, self.authorizer, self.kube_version)
         self._runner: web.AppRunner | None = None
         self._wrote_kubeconfig = False
         self.url = ""
-        #: Every single-object delete, in order (the admin endpoint /emulator/deletions serves it).
-        self.deletions: list[Deletion] = []
 
     # -- life -------------------------------------------------------------------------------
 
@@ -306,8 +221,8 @@ class EmulatorServer:
         kubelet = self.cluster.kubelet
         return {
             "url": self.url,
-            "bridge": kubelet.bridge,
-            "subnet": kubelet.subnet,
+            "bridge": kubelet.network.bridge,
+            "subnet": kubelet.network.subnet,
             "state_dir": str(self.state_dir),
             "instance_dir": str(self.instance_dir),
             "kubeconfig": str(self.kubeconfig_path),
@@ -320,12 +235,12 @@ class EmulatorServer:
         path = request.path.rstrip("/") or "/"
         try:
             if path == "/version":
-                return _json(_version(self.kube_version))
+                return json_response(_version(self.kube_version))
             if path in ("/healthz", "/livez", "/readyz"):
                 return web.Response(text="ok")
             user = self._authenticate(request)
             if path == "/api":
-                return _json(
+                return json_response(
                     {
                         "kind": "APIVersions",
                         "versions": ["v1"],
@@ -335,23 +250,23 @@ class EmulatorServer:
                     }
                 )
             if path == "/apis":
-                return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+                return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
             if path == "/api/v1":
-                return _json(_resource_list())
+                return json_response(_resource_list())
             if path.startswith("/emulator/"):
                 return await self._admin(request, user, path)
             if path.startswith("/api/v1/"):
-                return await self._resource(request, user, path[len("/api/v1/") :].split("/"))
+                return await self.rest.handle(request, user, path[len("/api/v1/") :].split("/"))
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         except ApiError as exc:
-            return _json(exc.status(), exc.code)
+            return json_response(exc.status(), exc.code)
         except SelectorError as exc:
-            return _json(ApiError(400, "BadRequest", str(exc)).status(), 400)
+            return json_response(ApiError(400, "BadRequest", str(exc)).status(), 400)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:
             log.exception("kube emulator: %s %s failed", request.method, request.path)
-            return _json(ApiError(500, "InternalError", f"kube emulator bug: {exc!r}").status(), 500)
+            return json_response(ApiError(500, "InternalError", f"kube emulator bug: {exc!r}").status(), 500)
 
     def _authenticate(self, request: web.Request) -> Subject:
         header = request.headers.get("Authorization", "")
@@ -360,21 +275,6 @@ class EmulatorServer:
         if subject is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return subject
-
-    def _authorize(
-        self,
-        subject: Subject,
-        verbs: tuple[str, ...],
-        resource: str,
-        namespace: str | None,
-        name: str | None,
-        sub: str | None,
-    ) -> None:
-        requests = [Request(subject.user, v, resource, sub or "", namespace or "", name or "") for v in verbs]
-        try:
-            self.authorizer.authorize_all(subject, requests)
-        except Forbidden as exc:
-            raise ApiError(403, "Forbidden", str(exc), exc.details()) from None
 
     def decisions(self) -> list[Decision]:
         """Every authorization decision so far, in order (what clients asked for)."""
@@ -385,227 +285,22 @@ class EmulatorServer:
             raise ApiError(403, "Forbidden", "the emulator's admin endpoints need the admin token")
         if path == "/emulator/faults":
             if request.method == "GET":
-                return _json(self.faults.as_dict())
+                return json_response(self.faults.as_dict())
             if request.method == "POST":
                 try:
                     data = await request.json()
                     if not isinstance(data, dict):
                         raise ValueError("the body must be a JSON object")
-                    return _json(self.update_faults(data))
+                    return json_response(self.update_faults(data))
                 except ValueError as exc:
                     raise ApiError(400, "BadRequest", str(exc)) from None
         if path == "/emulator/pods" and request.method == "GET":
-            return _json(self.pods_info())
+            return json_response(self.pods_info())
         if path == "/emulator/deletions" and request.method == "GET":
-            return _json([dataclasses.asdict(d) for d in self.deletions])
+            return json_response([dataclasses.asdict(d) for d in self.rest.deletions])
         if path == "/emulator/info" and request.method == "GET":
-            return _json(self.info())
+            return json_response(self.info())
         raise ApiError(404, "NotFound", f"no admin endpoint {request.method} {path}")
-
-    async def _body(self, request: web.Request) -> Any:
-        if not request.can_read_body:
-            return None
-        raw = await request.read()
-        if not raw.strip():
-            return None
-        try:
-            if "yaml" in (request.content_type or ""):
-                return yaml.safe_load(raw)
-            return json.loads(raw)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise ApiError(400, "BadRequest", f"the body of the request could not be decoded: {exc}") from None
-
-    async def _resource(self, request: web.Request, user: Subject, parts: list[str]) -> web.StreamResponse:
-        target = _target(parts)
-        resource, namespace, name, sub = target.resource, target.namespace, target.name, target.sub
-        info = RESOURCES[resource]
-        method = request.method
-        verb = _verb(method, request.query, target)
-        if verb is None or (verb not in info.verbs and sub is None):
-            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-        if info.namespaced and namespace is None and verb not in ("list", "watch"):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        verbs = connect_verbs(method, self.kube_version) if verb == "connect" else (verb,)
-        self._authorize(user, verbs, resource, namespace, name, sub)
-        options = await self._body(request) if verb in ("delete", "deletecollection") else None
-        if verb == "delete" and name is not None:
-            self.deletions.append(Deletion(user.user, resource, namespace or "", name, options or {}))
-        if verb in ("list", "watch", "deletecollection"):
-            return await self._collection(request, verb, target, options)
-        if verb == "create" and name is None:
-            return _json(self.cluster.create(resource, namespace or "", await self._body(request)), 201)
-        return await self._object(request, verb, target, options)
-
-    async def _collection(
-        self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None
-    ) -> web.StreamResponse:
-        cluster, resource, namespace, query = self.cluster, target.resource, target.namespace, request.query
-        labels = parse_label_selector(query.get("labelSelector"))
-        fields = parse_field_selector(query.get("fieldSelector"), field_allowed(resource))
-        if verb == "watch":
-            return await self._watch(request, resource, namespace, labels, fields)
-        if verb == "deletecollection":
-            return _json(cluster.delete_collection(resource, namespace, labels, fields, options))
-        items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
-        return _json(_paginate(f"{RESOURCES[resource].kind}List", items, cluster.store.rv, query))
-
-    async def _object(
-        self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None
-    ) -> web.StreamResponse:
-        cluster, resource, ns, name, sub = (
-            self.cluster,
-            target.resource,
-            target.namespace or "",
-            target.name,
-            target.sub,
-        )
-        assert name is not None
-        if sub == "exec":
-            return await handle_exec(request, cluster, ns, name)
-        if sub == "portforward":
-            return await handle_portforward(request, cluster, ns, name)
-        if sub == "log":
-            return await self._log(request, ns, name)
-        if verb == "get":
-            return _json(cluster.get(resource, ns, name))
-        if verb == "delete":
-            return _json(cluster.delete(resource, ns, name, options or {}))
-        if verb == "update":
-            return _json(cluster.replace(resource, ns, name, await self._body(request)))
-        if verb == "patch":
-            return _json(cluster.patch(resource, ns, name, await self._body(request), request.content_type or ""))
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-
-    async def _watch(
-        self, request: web.Request, resource: str, namespace: str | None, labels: Any, fields: Any
-    ) -> web.StreamResponse:
-        store = self.cluster.store
-        watcher = Watcher(resource, namespace, labels, fields)
-        timeout_s = request.query.get("timeoutSeconds")
-        version = request.query.get("resourceVersion")
-        expire = self.cluster.faults.take_expired_watch() if version not in (None, "", "0") else None
-        if expire == "status":
-            raise ApiError(410, "Expired", f"too old resource version: {version} (injected by the kube emulator)")
-        try:
-            initial = store.watch(watcher, version)
-            if expire == "event":
-                raise Expired(f"too old resource version: {version} (injected by the kube emulator)")
-        except Expired as exc:
-            initial = None
-            expired = str(exc)
-        except ValueError as exc:
-            raise ApiError(400, "BadRequest", str(exc)) from None
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        try:
-            if initial is None:
-                status = ApiError(410, "Expired", expired).status()
-                await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
-                return response
-            for type_, obj in initial:
-                await response.write(json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n")
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + float(timeout_s) if timeout_s else None
-            while True:
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), remaining)
-                except asyncio.TimeoutError:
-                    break
-                if item is None:
-                    break
-                type_, obj = item
-                await response.write(json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n")
-            with contextlib.suppress(ConnectionError):
-                await response.write_eof()
-        except ConnectionError:
-            pass
-        finally:
-            store.unwatch(watcher)
-        return response
-
-    async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
-        from kube_emulator.streams import _container
-
-        cluster = self.cluster
-        pod = cluster.get("pods", namespace, name)
-        cname = _container(pod, request.query.get("container"))
-        previous = _bool(request.query.get("previous"))
-        uid = pod["metadata"]["uid"]
-        path = cluster.kubelet.log_file(namespace, name, uid, previous)
-        if not path.exists():
-            if previous:
-                raise ApiError(400, "BadRequest", f'previous terminated container "{cname}" in pod "{name}" not found')
-            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
-            reason = ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason") or "ContainerCreating"
-            raise ApiError(400, "BadRequest", f'container "{cname}" in pod "{name}" is waiting to start: {reason}')
-        data = path.read_bytes()
-        tail = request.query.get("tailLines")
-        if tail is not None:
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-int(tail) :]) if int(tail) > 0 else b""
-        limit = request.query.get("limitBytes")
-        if limit is not None:
-            data = data[: int(limit)]
-        if not _bool(request.query.get("follow")) or previous:
-            return web.Response(body=data, content_type="text/plain")
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        offset = path.stat().st_size
-        inode = path.stat().st_ino
-        try:
-            if data:
-                await response.write(data)
-            while True:
-                rt = cluster.kubelet.runtimes.get((namespace, name))
-                alive = rt is not None and rt.uid == uid and rt.node is not None
-                try:
-                    st = path.stat()
-                except OSError:
-                    break
-                if st.st_ino != inode:
-                    break  # the container restarted: a real follow ends with the old container
-                if st.st_size > offset:
-                    with open(path, "rb") as fh:
-                        fh.seek(offset)
-                        chunk = fh.read(st.st_size - offset)
-                    offset += len(chunk)
-                    await response.write(chunk)
-                    continue
-                if not alive:
-                    break
-                await asyncio.sleep(0.1)
-            await response.write_eof()
-        except ConnectionError:
-            pass
-        return response
-
-
-def _paginate(kind: str, items: list[dict[str, Any]], rv: int, query: Any) -> dict[str, Any]:
-    """``limit``/``continue`` chunking; the token carries the offset (the list is re-read,
-    which a real server avoids with an etcd snapshot: good enough for tests)."""
-    meta: dict[str, Any] = {"resourceVersion": str(rv)}
-    start = 0
-    token = query.get("continue")
-    if token:
-        try:
-            state = json.loads(base64.urlsafe_b64decode(token.encode()))
-            start, meta["resourceVersion"] = int(state["start"]), str(state["rv"])
-        except (ValueError, KeyError, TypeError):
-            raise ApiError(
-                400, "BadRequest", "continue key is not valid: incorrect encoded start resourceVersion"
-            ) from None
-    limit = int(query.get("limit") or 0)
-    end = start + limit if limit > 0 else len(items)
-    if end < len(items):
-        state = {"start": end, "rv": meta["resourceVersion"]}
-        meta["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
-        meta["remainingItemCount"] = len(items) - end
-    return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items[start:end]}
 
 
 def _version(version: str) -> dict[str, str]:
@@ -798,4 +493,4 @@ class Emulator:
 
     def deletions(self) -> list[Deletion]:
         """Every single-object delete so far, with its DeleteOptions (see :class:`Deletion`)."""
-        return self.call(lambda: list(self.server.deletions))
+        return self.call(lambda: list(self.server.rest.deletions))

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from multidict import MultiDictProxy
 
-from kube_emulator.cluster import ApiError
+from kube_emulator.api import ApiError
 
 if TYPE_CHECKING:
     from kube_emulator.cluster import Cluster
-    from kube_emulator.kubelet import PodRuntime
+    from kube_emulator.pods import PodRuntime
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ MAX_MESSAGE = 64 * 1024 * 1024
 DRAIN_TIMEOUT = 30.0
 
 
-def _bool(value: str | None) -> bool:
+def query_flag(value: str | None) -> bool:
+    """A boolean query parameter (``?stdin=true``, ``?watch=1``)."""
     return (value or "").lower() in ("1", "true", "yes")
 
 
@@ -59,7 +60,7 @@ def _is_websocket(request: web.Request) -> bool:
     return request.headers.get("Upgrade", "").lower() == "websocket"
 
 
-def _container(pod: dict[str, Any], wanted: str | None) -> str:
+def container_name(pod: dict[str, Any], wanted: str | None) -> str:
     names = [c["name"] for c in pod["spec"]["containers"]]
     if wanted:
         if wanted not in names:
@@ -76,7 +77,7 @@ def _container(pod: dict[str, Any], wanted: str | None) -> str:
 
 def _running(cluster: Cluster, namespace: str, name: str, what: str, container: str | None) -> PodRuntime:
     pod = cluster.get("pods", namespace, name)
-    cname = _container(pod, container)
+    cname = container_name(pod, container)
     phase = (pod.get("status") or {}).get("phase")
     if phase in ("Succeeded", "Failed"):
         raise ApiError(400, "BadRequest", f"cannot {what} a container in a completed pod; current phase is {phase}")
@@ -119,7 +120,7 @@ def _exec_request(query: MultiDictProxy[str]) -> ExecRequest:
     command = query.getall("command", [])
     if not command:
         raise ApiError(400, "BadRequest", "you must specify at least 1 command")
-    stdin, stdout, stderr, tty = (_bool(query.get(k)) for k in ("stdin", "stdout", "stderr", "tty"))
+    stdin, stdout, stderr, tty = (query_flag(query.get(k)) for k in ("stdin", "stdout", "stderr", "tty"))
     if not (stdin or stdout or stderr):
         raise ApiError(400, "BadRequest", "you must specify at least one of stdin, stdout, stderr")
     return ExecRequest(command, stdin, stdout, stderr, tty, query.get("container"))
@@ -166,10 +167,10 @@ async def handle_exec(request: web.Request, cluster: Cluster, namespace: str, na
     want = _exec_request(request.query)
     rt = _running(cluster, namespace, name, "exec into", want.container)
     ws = await _accept(request, EXEC_PROTOCOLS)
-    if cluster.kubelet.command_missing(rt, want.command):
+    if cluster.kubelet.entry.command_missing(rt, want.command):
         await _refuse_missing_command(ws, want.command)
         return ws
-    proc, master = await cluster.kubelet.spawn_exec(rt, want.command, stdin=want.stdin, tty=want.tty)
+    proc, master = await cluster.kubelet.entry.spawn_exec(rt, want.command, stdin=want.stdin, tty=want.tty)
     await _send(ws, STDOUT if want.stdout else STDERR, b"")
     await ExecSession(ws, want, proc, master, f"{namespace}/{name}").run()
     return ws
@@ -405,7 +406,7 @@ class PortForwardSession:
 
     async def _connect(self, cluster: Cluster, rt: PodRuntime, index: int, port: int) -> None:
         try:
-            reader, writer = await cluster.kubelet.connect(rt, port)
+            reader, writer = await cluster.kubelet.entry.connect(rt, port)
         except (ConnectionError, OSError) as exc:
             message = (
                 f"error forwarding port {port} to pod {rt.uid}, uid : failed to execute portforward in "

@@ -1,0 +1,78 @@
+"""The kubelet's side of one pod (:class:`PodRuntime`), and what the kubelet needs of the
+API side (:class:`PodHost`), shared by the kubelet and the collaborators it hands a pod to
+(its sandbox, its status writer, exec)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kube_emulator import dns, images, product
+from kube_emulator.events import EventRecorder
+from kube_emulator.faults import Faults
+from kube_emulator.product import Confinement
+from kube_emulator.store import Obj, Store
+
+#: A container's PATH when nothing sets another (the emulated images carry no metadata).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class PodRuntime:
+    """The kubelet's side of one pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    root: Path
+    node_name: str
+    ip: str | None = None
+    node: product.NodeProcess | None = None
+    init_pidfd: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    hostname: str = ""
+    subdomain: str = ""
+    deleting: bool = False
+    exits: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    container_id: str = ""
+    started_at: str = ""
+    view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
+    #: What the container's processes hold (its securityContext's), exec sessions too.
+    confinement: Confinement = field(default_factory=product.for_node)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "node.log"
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the pod is being deleted."""
+        self.wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), seconds)
+
+
+class PodHost(Protocol):
+    """What the kubelet needs of the API side (``cluster.Cluster``): written out here so the
+    kubelet sits below the cluster that owns it, as a real kubelet talks to an API server it
+    does not import."""
+
+    store: Store
+    faults: Faults
+    dns: dns.DnsServer
+    events: EventRecorder
+
+    def delete(self, resource: str, namespace: str, name: str, options: dict[str, Any] | None = None) -> Obj: ...
+
+    def pod_stopped_for_deletion(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def trigger_scheduler(self) -> None: ...
