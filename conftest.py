@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,18 @@ def leaked_resources(scopes: list[str]) -> list[str]:
     drain_removals()
     trash = [f"files {p}" for scope in scopes for p in (Path(scope) / "trash").glob("*")]
     return leaks + [f"cgroup {path}" for path in orphaned_cgroups()] + trash
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the pytest runs the tests start, as it does from a terminal.
+
+    A shell starts a background job (``pytest ... &``, ``nohup``) with SIGINT ignored, and
+    children inherit an ignored signal: the inner runs of the interrupt tests would then
+    never see the Ctrl-C they are sent (they ran on, and their clusters outlived the test).
+    A handler of our own is reset to the default at exec, so children get Python's usual
+    KeyboardInterrupt again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(trylast=True)

@@ -99,13 +99,18 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    wait_for(signal_file, proc)
-    (record,) = records(home)  # the cluster exists, or is being made, right now
-    data = json.loads((home / "clusters" / record["name"] / "backend.json").read_text())
-    links = [data["bridge"], *data["veths"]]
-    assert netns.link_exists(data["bridge"])
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        wait_for(signal_file, proc)
+        (record,) = records(home)  # the cluster exists, or is being made, right now
+        data = json.loads((home / "clusters" / record["name"] / "backend.json").read_text())
+        links = [data["bridge"], *data["veths"]]
+        assert netns.link_exists(data["bridge"])
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the test failed with the inner run still going: end it, tearing down
+            proc.terminate()
+            proc.communicate(timeout=60)
     text = out.decode()
     assert proc.returncode == 2, text  # pytest's "interrupted"
     assert "KeyboardInterrupt" in text
