@@ -25,6 +25,12 @@ else:
     _OWN_HOME = ""
 
 
+# The inner pytest runs the tests start (pytester, the interrupt and reaping tests) skip the
+# same foreign plugins as this run (pyproject's addopts; an inner run reads no pyproject).
+_FOREIGN_PLUGINS_OFF = "-p no:hydra_pytest -p no:anyio"
+os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_FOREIGN_PLUGINS_OFF}".strip()
+
+
 def leaked_resources(scopes: list[str]) -> list[str]:
     """Links and node processes of ours that belong to this run: their alias or command line
     names a path under one of ``scopes`` (another run on the same machine is not ours)."""

@@ -34,25 +34,54 @@ a circle), which ``tests/test_layering.py`` checks:
 
 from __future__ import annotations
 
-from pytest_sky.cluster import Cluster, get_cluster, launch, reap_orphans
-from pytest_sky.errors import (
-    BackendUnavailableError,
-    CommandFailedError,
-    NotSupportedError,
-    ProvisionError,
-    RunError,
-    RunTimeoutError,
-    SkyError,
-    TaskError,
-)
-from pytest_sky.resources import Resources
-from pytest_sky.runner import RankResult, RunResult
-from pytest_sky.ssh.parallel import CommandResult, run_command_in_parallel
-from pytest_sky.task import Task
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_sky.cluster import Cluster, get_cluster, launch, reap_orphans
+    from pytest_sky.errors import (
+        BackendUnavailableError,
+        CommandFailedError,
+        NotSupportedError,
+        ProvisionError,
+        RunError,
+        RunTimeoutError,
+        SkyError,
+        TaskError,
+    )
+    from pytest_sky.resources import Resources
+    from pytest_sky.runner import RankResult, RunResult
+    from pytest_sky.ssh.parallel import CommandResult, run_command_in_parallel
+    from pytest_sky.task import Task
 
 __version__ = "0.1.0"
 
-__all__ = [
+#: Each public name and the module that defines it.  Imported on first use (PEP 562), not
+#: with the package: pytest loads the plugin, and so this package, in every run of every
+#: project that has pytest-sky installed, and the CLI starts with it; importing the cluster
+#: machinery up front cost each of them about 100 ms.
+_EXPORTS = {
+    "BackendUnavailableError": "pytest_sky.errors",
+    "Cluster": "pytest_sky.cluster",
+    "CommandFailedError": "pytest_sky.errors",
+    "CommandResult": "pytest_sky.ssh.parallel",
+    "NotSupportedError": "pytest_sky.errors",
+    "ProvisionError": "pytest_sky.errors",
+    "RankResult": "pytest_sky.runner",
+    "Resources": "pytest_sky.resources",
+    "RunError": "pytest_sky.errors",
+    "RunResult": "pytest_sky.runner",
+    "RunTimeoutError": "pytest_sky.errors",
+    "SkyError": "pytest_sky.errors",
+    "Task": "pytest_sky.task",
+    "TaskError": "pytest_sky.errors",
+    "get_cluster": "pytest_sky.cluster",
+    "launch": "pytest_sky.cluster",
+    "reap_orphans": "pytest_sky.cluster",
+    "run_command_in_parallel": "pytest_sky.ssh.parallel",
+}
+
+__all__ = [  # the names of _EXPORTS, spelled out so that tools read them without running this
     "BackendUnavailableError",
     "Cluster",
     "CommandFailedError",
@@ -72,3 +101,16 @@ __all__ = [
     "reap_orphans",
     "run_command_in_parallel",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_sky' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later uses find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

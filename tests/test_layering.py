@@ -135,3 +135,22 @@ def test_the_checker_sees_an_upward_import() -> None:
     assert "cluster" in graph["pytest_sky"] and "lifecycle" in graph["cluster"]
     assert "protocol" in graph["agent"] and graph["protocol"] == set()
     assert "cluster" in EMULATOR.graph["streams"] and "store" in EMULATOR.graph["kubelet"]
+
+
+def test_the_package_exports_its_contract_lazily() -> None:
+    """``import pytest_sky`` (which pytest does in every run, for the plugin) imports none of
+    the cluster machinery; each public name is there on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, sys, pytest_sky\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('pytest_sky'))\n"
+        "source = {n: importlib.import_module(m) for n, m in pytest_sky._EXPORTS.items()}\n"
+        "print(loaded, all(getattr(pytest_sky, n) is getattr(source[n], n) for n in pytest_sky.__all__))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['pytest_sky'] True"
+    import pytest_sky as package
+
+    assert sorted(package.__all__) == sorted(package._EXPORTS)
