@@ -287,9 +287,9 @@ def test_failed_provision_leaves_nothing(sky_home: Path, monkeypatch: pytest.Mon
         pytest_sky.launch(num_nodes=2, name=name)
     # The nodes' exit is the signal: the launch does not wait out its ready timeout (60 s).
     assert time.monotonic() - start < 30
-    # Nothing of this cluster (links are told apart by the directory their alias names: other
-    # runs and xdist workers make and remove links of their own meanwhile).
-    assert [n for n, owner in link_owners().items() if str(sky_home) in owner] == []
+    # Nothing of this cluster (links are told apart by the directory their alias names: the
+    # module's other clusters, other runs and xdist workers have links of their own).
+    assert [n for n, owner in link_owners().items() if str(sky_home / "clusters" / name) in owner] == []
     assert StateStore().load(name) is None
 
 

@@ -99,7 +99,7 @@ def test_the_pod_takes_its_config_from_the_secret() -> None:
     boot = kube_manifests.BOOTSTRAP
     assert "<<" not in boot  # no heredoc: the config is rendered once, in Python
     assert f'cat "$S/{kube_manifests.SSHD_CONFIG_KEY}"' in boot
-    assert 'echo "SetEnv PATH=$PATH"; } > "$R/sshd_config"' in boot
+    assert 'echo "SetEnv PATH=$PATH"; } >"$R/sshd_config"' in boot
     assert boot.rstrip().endswith('exec "$SSHD" -D -e -f "$R/sshd_config"')
     assert kube_manifests.SECRET_MOUNT == "/run/pytest-sky-secret" and "S=/run/pytest-sky-secret\n" in boot
     assert kube_manifests.RUNTIME_DIR == "/run/pytest-sky" and "R=/run/pytest-sky\n" in boot
