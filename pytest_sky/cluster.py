@@ -19,7 +19,7 @@ from pytest_sky import bootstrap, console, lifecycle, shell
 from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
-from pytest_sky.cluster_info import ClusterInfo
+from pytest_sky.cluster_info import ClusterInfo, SshRoute
 from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
 from pytest_sky.job import Job
 from pytest_sky.protocol import NodeRef, RunSpec
@@ -28,6 +28,7 @@ from pytest_sky.runner import AgentClient, RunResult
 from pytest_sky.settings import Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
+from pytest_sky.ssh import kube_proxy
 from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, check_shared_dir, validate_envs
 
@@ -57,6 +58,7 @@ class Cluster:
         self._backend = backend
         self._store = store
         self._client: paramiko.SSHClient | None = None
+        self._forward: kube_proxy.Forward | None = None  # the head's port-forward, where it has one
         self._lock = threading.Lock()
         self.last_result: RunResult | None = None
         self.results: list[RunResult] = []
@@ -152,9 +154,7 @@ class Cluster:
         with self._lock:
             if self.is_down:
                 return
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            self._close_client()
             lifecycle.teardown(self._record, self._store, self._backend)
             self.is_down = True
 
@@ -254,9 +254,15 @@ class Cluster:
 
     def _drop_connection(self) -> None:
         with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            self._close_client()
+
+    def _close_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._forward is not None:
+            self._forward.close()
+            self._forward = None
 
     def __enter__(self) -> Cluster:
         return self
@@ -359,16 +365,26 @@ class Cluster:
                 raise SkyError(f"cluster {self.name} has been torn down")
             transport = self._client.get_transport() if self._client is not None else None
             if transport is None or not transport.is_active():
-                d = self._store.cluster_dir(self.name)
-                route = self.info.head.route
-                self._client = ssh_client.connect(
-                    route.hostname,
-                    route.port,
-                    d / "id_ed25519",
-                    d / "known_hosts",
-                    proxy_command=route.proxy_command,
-                )
+                self._close_client()
+                self._client = self._connect(self.info.head.route)
             return self._client
+
+    def _connect(self, route: SshRoute) -> paramiko.SSHClient:
+        """The client's connection to the head: direct, or through the head's port-forward,
+        opened in this process (a ProxyCommand would start a process that loads the
+        kubernetes client again, most of a CPU second, for every connection)."""
+        d = self._store.cluster_dir(self.name)
+        sock = None
+        if route.port_forward is not None:
+            try:
+                self._forward = kube_proxy.open_in_process(route.port_forward)
+            except ConnectionError as exc:
+                raise RunError(f"cannot connect to the head of {self.name}: {exc}") from None
+            sock = self._forward.socket
+        proxy = route.proxy_command if sock is None else None
+        return ssh_client.connect(
+            route.hostname, route.port, d / "id_ed25519", d / "known_hosts", sock=sock, proxy_command=proxy
+        )
 
 
 # ------------------------------------------------------------------------------ shared clusters

@@ -14,6 +14,21 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
+class PortForward:
+    """A pod's port reached through the Kubernetes API server, as ``kubectl port-forward`` does.
+
+    What the ProxyCommand of an OpenSSH config says as a command line, for a client that
+    opens the forward itself (the client's own connection does, in its process: a proxy
+    process costs most of a CPU second to start)."""
+
+    namespace: str
+    pod: str
+    port: int = 22
+    kubeconfig: str | None = None
+    context: str | None = None  # None: the kubeconfig's current one, or the pod's own account
+
+
+@dataclass(frozen=True)
 class SshRoute:
     """How the client dials one node's sshd (the fields of its ``Host`` block)."""
 
@@ -21,6 +36,13 @@ class SshRoute:
     port: int = 22
     proxy_command: str | None = None  # where the node is not directly reachable (a port-forward)
     proxy_jump: str | None = None  # the alias of the node to hop through (workers behind a head)
+    #: The same port-forward as ``proxy_command``, for a client that opens it in-process.
+    port_forward: PortForward | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> SshRoute:
+        forward = data.get("port_forward")
+        return cls(**{**data, "port_forward": PortForward(**forward) if forward else None})
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,7 @@ class ClusterInfo:
     @classmethod
     def from_dict(cls, data: Mapping) -> ClusterInfo:
         nodes = tuple(
-            NodeInfo(**{**n, "route": SshRoute(**n["route"]), "env": dict(n.get("env") or {})}) for n in data["nodes"]
+            NodeInfo(**{**n, "route": SshRoute.from_dict(n["route"]), "env": dict(n.get("env") or {})})
+            for n in data["nodes"]
         )
         return cls(**{**data, "nodes": nodes, "env": dict(data.get("env") or {})})

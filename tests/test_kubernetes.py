@@ -67,6 +67,32 @@ def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
     assert ours(emu, "k8s-basic") == []
 
 
+def proxies_for(pod: str) -> list[int]:
+    """The pids of proxy processes (``pytest_sky.ssh.kube_proxy``) reaching ``pod``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pytest_sky.ssh.kube_proxy" in argv and pod.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_clients_own_connection_starts_no_proxy_process(home: Path, emu: Emulator):
+    """Runs go over a port-forward the client opens in its own process: a proxy process would
+    load the kubernetes client again, most of a CPU second per connection.  Only the shared
+    connection that ssh configs use (ControlMaster, opened at launch) has a proxy."""
+    with launch(emu, "k8s-noproxy") as c:
+        assert c.run("true").returncode == 0  # the launch's handle has its connection open
+        before = proxies_for("k8s-noproxy-head")
+        assert len(before) == 1, before  # the ControlMaster's
+        again = pytest_sky.get_cluster("k8s-noproxy")  # a new handle: a new connection
+        assert again.run("hostname").ranks[0].stdout.strip() == "k8s-noproxy-head"
+        assert proxies_for("k8s-noproxy-head") == before
+
+
 def test_spread_over_nodes_when_they_fit(home: Path, emu: Emulator):
     with launch(emu, "k8s-spread", num_nodes=3):
         assert len(set(node_names(emu, "k8s-spread"))) == 3

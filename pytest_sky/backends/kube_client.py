@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from pytest_sky.backends.kube_journal import KubeRecord
+from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import BackendUnavailableError
 from pytest_sky.ssh import kube_proxy
 
@@ -137,6 +138,11 @@ class KubeClient:
         resp.close()
         code = resp.returncode
         return (code if code is not None else 1), "".join(out)
+
+    def port_forward(self, pod: str) -> PortForward:
+        """How a client reaches ``pod``'s sshd by a port-forward of this context."""
+        context = self.context if self.context and self.context != IN_CLUSTER else None
+        return PortForward(self.namespace, pod, 22, self.kubeconfig or None, context)
 
     def proxy_command(self, pod: str) -> str:
         """The ssh ProxyCommand that reaches ``pod``'s sshd by a port-forward."""

@@ -230,7 +230,9 @@ class KubernetesBackend(Backend):
         """The head is reached by port-forward, workers through the head."""
         pod = manifests.pod_name(cluster, rank)
         if rank == 0:
-            route = SshRoute(hostname=pod, proxy_command=self.proxy_command(pod))
+            route = SshRoute(
+                hostname=pod, proxy_command=self.proxy_command(pod), port_forward=self.client.port_forward(pod)
+            )
         else:
             route = SshRoute(hostname=ip, proxy_jump=cluster)
         return NodeInfo(rank=rank, name=naming.node_name(rank), hostname=pod, ip=ip, route=route)

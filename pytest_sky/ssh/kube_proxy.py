@@ -28,12 +28,14 @@ import json
 import os
 import re
 import select
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from pytest_sky.cluster_info import PortForward
 from pytest_sky.settings import state_home
 
 BANNER_TIMEOUT = 30.0
@@ -226,6 +228,67 @@ def relay(sock: Any, banner: bytes) -> int:
                 data = data[os.write(out, data) :]
 
 
+class Forward:
+    """An open port-forward to a pod's port, whose socket carries the connection; the
+    client's thread that relays it to the API server's websocket ends with :meth:`close`."""
+
+    def __init__(self, route: PortForward) -> None:
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        if route.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            load_kube_config(cfg, route.kubeconfig, route.context)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+        self.route = route
+        self._pf = open_forward(client.CoreV1Api(client.ApiClient(cfg)), route.namespace, route.pod, route.port)
+        self.socket = _ClosesGently(self._pf.socket(route.port))
+
+    def error(self) -> str | None:
+        """What the API server said when the forward failed, if it said anything."""
+        return self._pf.error(self.route.port)
+
+    def close(self) -> None:
+        self._pf.close()
+
+
+class _ClosesGently:
+    """The forward's socket, closed so that the client's relay thread sees an end of stream.
+
+    The relay holds the other end of a socketpair; closing this end with bytes still unread
+    (sshd's last packets, after the SSH client said goodbye) resets the relay's next read,
+    and its thread dies with a traceback on the user's terminal.  So a close first says
+    "no more from us", then reads until the relay has closed its end (it does once it sees
+    ours), for at most a moment, and only then closes."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+            self._sock.settimeout(2.0)
+            while self._sock.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            self._sock.close()
+
+
+def open_in_process(route: PortForward) -> Forward:
+    """The forward of ``route``, in this process (no proxy process to start), for a client
+    that already has the kubernetes client loaded; refusals are one line, as the proxy's."""
+    try:
+        return Forward(route)
+    except Exception as exc:  # noqa: BLE001 - the client's own error names the pod and the reason
+        where = f"{route.namespace}/{route.pod}:{route.port}"
+        raise ConnectionError(f"cannot reach {where}: {describe_refusal(exc)}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_sky.ssh.kube_proxy", description=__doc__.split("\n")[0])
     parser.add_argument("--namespace", required=True)
@@ -234,18 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context")
     parser.add_argument("--kubeconfig")
     args = parser.parse_args(argv)
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
+    route = PortForward(args.namespace, args.pod, args.port, args.kubeconfig, args.context)
     try:
-        if args.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            load_kube_config(cfg, args.kubeconfig, args.context)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-        api = client.CoreV1Api(client.ApiClient(cfg))
-        pf = open_forward(api, args.namespace, args.pod, args.port)
-        sock = pf.socket(args.port)
-        banner = _read_line(sock, BANNER_TIMEOUT)
+        forward = Forward(route)
+        banner = _read_line(forward.socket, BANNER_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - ssh shows our stderr: one line, then exit 255 like ssh
         reason = describe_refusal(exc)
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
@@ -254,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pytest-sky proxy: {args.pod}:{args.port} did not answer with an SSH banner\n")
         return 255
     try:
-        return relay(sock, banner)
+        return relay(forward.socket, banner)
     except (OSError, ValueError) as exc:
-        error = pf.error(args.port)
+        error = forward.error()
         sys.stderr.write(f"pytest-sky proxy: port-forward to {args.pod} dropped: {error or exc}\n")
         return 255
 
