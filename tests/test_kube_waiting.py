@@ -133,7 +133,7 @@ def test_an_exec_plugins_credential_serves_every_connection_until_it_expires(
     import subprocess
 
     kubeconfig, runs = exec_plugin_kubeconfig(emu, tmp_path, expires_in)
-    connections = 5
+    connections = 3
     with pytest_sky.launch(
         num_nodes=1, name="k8s-exec", backend="kubernetes", backend_options={"kubeconfig": str(kubeconfig)}
     ) as c:
