@@ -15,9 +15,12 @@ runs the same protocol as the client.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
+import socket
+import stat
 import subprocess
 import zipfile
 from pathlib import Path
@@ -267,6 +270,39 @@ def stop_master(ssh_config_path: Path, cluster: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    for sock in sockets:
+        remove_if_stale(sock)
+
+
+def _master_gone(path: str) -> bool:
+    """Whether ``path`` is a ControlPath socket that no master listens on any more."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except OSError:
+        return False
+    return False  # a master answers
+
+
+def remove_if_stale(path: str) -> bool:
+    """Remove a ControlPath socket whose master was killed (ssh removes its socket only when
+    it exits of its own accord); True when it was stale."""
+    if not _master_gone(path):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return True
+
+
+def stale_control_sockets() -> list[str]:
+    """ControlPath sockets of ours (``/tmp/psky-*``) whose master is gone."""
+    import glob
+
+    return [path for path in sorted(glob.glob(f"{CONTROL_DIR}/psky-*")) if _master_gone(path)]
 
 
 def write_client_files(

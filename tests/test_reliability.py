@@ -137,3 +137,34 @@ def test_a_job_that_ended_while_its_dead_agent_was_looked_for_keeps_its_own_erro
 
     (job_dir / "status.json").write_text(JobRecord(id=7, status=JobStatus.RUNNING, pid=999999).encode())
     assert records.died(str(job_dir)).error == "the job's agent died"
+
+
+def test_a_killed_masters_control_socket_is_reported_and_teardown_removes_it(tmp_path: Path) -> None:
+    """ssh removes its ControlPath socket only when the master exits of its own accord; one
+    killed leaves the socket in /tmp.  doctor names it, and a teardown's stop_master removes
+    its cluster's, but never the socket of a master that still answers."""
+    import secrets
+    import socket
+
+    from pytest_sky import bootstrap
+    from pytest_sky.doctor import leftovers
+
+    prefix = f"{bootstrap.CONTROL_DIR}/psky-test{secrets.token_hex(4)}"
+    dead, live = f"{prefix}-dead", f"{prefix}x-live"  # only the dead one is the config's
+    with socket.socket(socket.AF_UNIX) as gone, socket.socket(socket.AF_UNIX) as master:
+        gone.bind(dead)  # bound, then closed: what a SIGKILLed master leaves
+        master.bind(live)
+        master.listen()
+        gone.close()
+        try:
+            assert f"ssh control socket {dead} (its master is gone)" in leftovers(tmp_path / "state")
+            assert not any(live in line for line in leftovers(tmp_path / "state"))
+            config = tmp_path / "ssh_config"
+            config.write_text(f"Host c\n  HostName 127.0.0.1\n  ControlPath {prefix}-%C\n")
+            bootstrap.stop_master(config, "c")
+            assert not os.path.exists(dead)
+            assert not bootstrap.remove_if_stale(live) and os.path.exists(live)
+        finally:
+            for path in (dead, live):
+                if os.path.exists(path):
+                    os.unlink(path)
