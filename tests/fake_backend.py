@@ -24,9 +24,8 @@ ENTRY = BackendEntry("memory", ("mem",), "tests.fake_backend:MemoryBackend", "no
 @dataclass
 class Ledger:
     """What the backend was asked, shared by every instance (the plugin, the lifecycle and a
-    reaper each build their own): clusters alive, in creation order, and each one destroyed."""
+    reaper each build their own): clusters in creation order, and each one destroyed."""
 
-    alive: dict[str, ProvisionConfig] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     destroyed: list[str] = field(default_factory=list)
     #: Names whose ``create`` fails (after journaling it, as a real backend half-way would).
@@ -48,7 +47,6 @@ class MemoryBackend(Backend):
         config.journal.update(nodes=config.num_nodes)  # intent before action, as every backend
         if config.name in LEDGER.fail_create:
             raise ProvisionError(f"{config.name}: the memory backend was told to fail")
-        LEDGER.alive[config.name] = config
         LEDGER.created.append(config.name)
         nodes = tuple(
             NodeInfo(
@@ -68,4 +66,3 @@ class MemoryBackend(Backend):
     def destroy(self, name: str, journal: Journal) -> None:
         if journal.load():
             LEDGER.destroyed.append(name)
-        LEDGER.alive.pop(name, None)
