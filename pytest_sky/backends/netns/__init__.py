@@ -12,7 +12,7 @@ one write (``cgroup.kill``), and inside the node (a cgroup namespace with cgroup
 ``/sys/fs/cgroup``, as a container has) the agent gives each job's rank a child cgroup of
 its own, so a failed or cancelled job leaves nothing running.  Where the host's cgroup2
 hierarchy is missing or read-only, nodes start without one and the agent falls back to
-walking processes (``agent.RANK_SUPERVISOR``).
+walking processes (``pytest_sky/shell/rank_supervisor.sh``).
 
 Why not ``ip netns add``: a named namespace is a bind mount under ``/run/netns`` that every
 later node's mount namespace copies, which keeps deleted namespaces (and their veths)
