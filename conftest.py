@@ -8,6 +8,7 @@ command line name the cluster directory they belong to.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -23,12 +24,6 @@ if "PYTEST_SKY_HOME" not in os.environ:
     os.environ["PYTEST_SKY_HOME"] = _OWN_HOME = tempfile.mkdtemp(prefix="pytest-sky-tests-")
 else:
     _OWN_HOME = ""
-
-
-# The inner pytest runs the tests start (pytester, the interrupt and reaping tests) skip the
-# same foreign plugins as this run (pyproject's addopts; an inner run reads no pyproject).
-_FOREIGN_PLUGINS_OFF = "-p no:hydra_pytest -p no:anyio"
-os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_FOREIGN_PLUGINS_OFF}".strip()
 
 
 def leaked_resources(scopes: list[str]) -> list[str]:
@@ -59,6 +54,17 @@ def pytest_configure(config: pytest.Config) -> None:
     KeyboardInterrupt again."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pass_plugins_off_to_inner_runs(config)
+
+
+def _pass_plugins_off_to_inner_runs(config: pytest.Config) -> None:
+    """The inner pytest runs the tests start (pytester, the interrupt and reaping tests, xdist
+    workers) skip the plugins pyproject's addopts switch off (``-p no:NAME``), as this run
+    does: an inner run reads no pyproject."""
+    args = config.getini("addopts")
+    off = [f"-p {name}" for flag, name in itertools.pairwise(args) if flag == "-p" and name.startswith("no:")]
+    given = os.environ.get("PYTEST_ADDOPTS", "")
+    os.environ["PYTEST_ADDOPTS"] = " ".join([given, *(o for o in off if o not in given)]).strip()
 
 
 @pytest.hookimpl(trylast=True)

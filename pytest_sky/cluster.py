@@ -376,10 +376,7 @@ class Cluster:
         d = self._store.cluster_dir(self.name)
         sock = None
         if route.port_forward is not None:
-            try:
-                self._forward = kube_proxy.open_in_process(route.port_forward)
-            except ConnectionError as exc:
-                raise RunError(f"cannot connect to the head of {self.name}: {exc}") from None
+            self._forward = kube_proxy.open_in_process(route.port_forward)
             sock = self._forward.socket
         proxy = route.proxy_command if sock is None else None
         return ssh_client.connect(

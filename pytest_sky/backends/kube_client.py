@@ -11,8 +11,6 @@ catches :data:`ApiException` from here.
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 import time
 from typing import Any
 
@@ -146,12 +144,7 @@ class KubeClient:
 
     def proxy_command(self, pod: str) -> str:
         """The ssh ProxyCommand that reaches ``pod``'s sshd by a port-forward."""
-        argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", self.namespace, "--pod", pod]
-        if self.kubeconfig:
-            argv += ["--kubeconfig", self.kubeconfig]
-        if self.context and self.context != IN_CLUSTER:
-            argv += ["--context", self.context]
-        return shlex.join(argv)
+        return kube_proxy.command(self.port_forward(pod))
 
     def watch_pods(self, selector: str, version: str, seconds: float) -> tuple[watch.Watch, Any]:
         """A watch of the pods of ``selector`` from ``version``, for at most ``seconds``: the

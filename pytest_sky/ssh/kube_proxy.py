@@ -28,6 +28,7 @@ import json
 import os
 import re
 import select
+import shlex
 import socket
 import sys
 import threading
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sky.cluster_info import PortForward
+from pytest_sky.errors import RunError
 from pytest_sky.settings import state_home
 
 BANNER_TIMEOUT = 30.0
@@ -281,12 +283,25 @@ class _ClosesGently:
 
 def open_in_process(route: PortForward) -> Forward:
     """The forward of ``route``, in this process (no proxy process to start), for a client
-    that already has the kubernetes client loaded; refusals are one line, as the proxy's."""
+    that already has the kubernetes client loaded; a refusal is one line, as the proxy's."""
     try:
         return Forward(route)
-    except Exception as exc:  # noqa: BLE001 - the client's own error names the pod and the reason
+    except Exception as exc:  # noqa: BLE001 - any failure is the run's: one line, pod and reason
         where = f"{route.namespace}/{route.pod}:{route.port}"
-        raise ConnectionError(f"cannot reach {where}: {describe_refusal(exc)}") from None
+        raise RunError(f"cannot connect to the head at {where}: {describe_refusal(exc)}") from None
+
+
+def command(route: PortForward) -> str:
+    """The ProxyCommand (a shell line) that runs this module for ``route``: the inverse of
+    :func:`main`'s arguments, so the two are written side by side."""
+    argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", route.namespace, "--pod", route.pod]
+    if route.port != 22:
+        argv += ["--port", str(route.port)]
+    if route.kubeconfig:
+        argv += ["--kubeconfig", route.kubeconfig]
+    if route.context:
+        argv += ["--context", route.context]
+    return shlex.join(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
