@@ -742,10 +742,11 @@ def kube_concurrency(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[
 
 
 KUBE_NOTE = (
-    "both sides multiplex over one master to the head, opened at launch (Kubernetes: one port-forward "
-    "proxy, kube_proxy, carries it; local: a direct TCP connection)"
+    "both sides multiplex over one master to the head, opened at launch (Kubernetes: its ProxyCommand, kube_dial, "
+    "carries it over a stream of the cluster's forwarder; local: a direct TCP connection)"
 )
 KUBE_RAW_NOTE = (
-    "every connection a full handshake: on Kubernetes each starts its own kube_proxy (20 concurrent "
-    "port-forward proxies through the API server a round), on local a direct TCP connection"
+    "every connection a full handshake: on Kubernetes each starts its own ProxyCommand (kube_dial, standard library "
+    "only), which gets a new port-forward stream from the cluster's forwarder (20 concurrent streams through the "
+    "API server a round); on local a direct TCP connection"
 )

@@ -191,9 +191,8 @@ def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> HomeFi
     }
 
 
-#: Where multiplexed client connections keep their sockets: short, whatever the state
-#: directory (a unix socket path must fit in 104 bytes on macOS, 108 on Linux).
-CONTROL_DIR = "/tmp"
+#: Where multiplexed client connections keep their sockets (``ssh.config.SOCKET_DIR``).
+CONTROL_DIR = ssh_config.SOCKET_DIR
 
 
 def control_path(token: str | None = None) -> str:

@@ -129,6 +129,7 @@ def provision(
         home_files=bootstrap.home_files(keys),
         shared_dir=shared_dir,
         privileges=privileges,
+        keep=keep,
     )
     try:
         info = backend.create(config)

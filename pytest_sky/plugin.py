@@ -465,7 +465,6 @@ def _release(state: _SessionState, key: _ShareKey) -> None:
 NODE_IMAGE_HAS = frozenset({"python3", "torch", "mpi4py", "mpirun", "ssh", "sshd"})
 
 
-
 def missing_on_nodes(cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = ()) -> list[str]:
     """Which of ``commands`` (on PATH) and ``modules`` (importable by ``python3``) some node of
     ``cluster`` lacks, asked on the nodes themselves: they need not have what this client has."""

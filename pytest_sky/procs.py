@@ -92,6 +92,65 @@ def alive_reaping(pid: int, start_time: int | None = None) -> bool:
     return fields[STATE] not in DEAD_STATES
 
 
+def kill_and_wait(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """SIGKILL each pid and wait until it is gone; returns the survivors.
+
+    With pidfds (Linux 5.3+) the wait is a poll on them and a recycled pid is never hit;
+    without them (an older kernel, or a seccomp filter that refuses the call), each pid is
+    signalled directly and ``/proc`` is polled.
+    """
+    import errno
+    import select
+    import signal
+    import time
+
+    fds: dict[int, int] = {}
+    polled: list[int] = []
+    pidfd_open = getattr(os, "pidfd_open", None)
+    for pid in pids:
+        if pid <= 0:
+            continue
+        try:
+            if pidfd_open is None:
+                raise OSError(errno.ENOSYS, "no pidfd_open")
+            fds[pid] = pidfd_open(pid)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                continue  # already gone
+            polled.append(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                polled.pop()
+            continue
+        try:
+            signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                raise
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    for fd in fds.values():
+        poller.register(fd, select.POLLIN)
+    pending = dict(fds)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        for fd, _ in poller.poll(left * 1000):
+            poller.unregister(fd)
+            pending = {p: f for p, f in pending.items() if f != fd}
+    for fd in fds.values():
+        os.close(fd)
+    delay = 0.001
+    while polled and time.monotonic() < deadline:
+        polled = [pid for pid in polled if is_alive(pid)]
+        if polled:
+            time.sleep(delay)  # no pidfd to wait on: /proc is the only signal there is
+            delay = min(delay * 2, 0.05)
+    return [pid for pid in pending if is_alive(pid)] + [pid for pid in polled if is_alive(pid)]
+
+
 def _same(fields: list[str], start_time: int | None) -> bool:
     return start_time is None or (len(fields) > STARTTIME and int(fields[STARTTIME]) == start_time)
 

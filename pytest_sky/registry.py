@@ -47,6 +47,7 @@ BACKENDS: tuple[BackendEntry, ...] = (
     ),
 )
 
+
 def names() -> tuple[str, ...]:
     """Every backend's own name, in the table's order (the first is the default)."""
     return tuple(b.name for b in BACKENDS)

@@ -68,21 +68,22 @@ def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
 
 
 def proxies_for(pod: str) -> list[int]:
-    """The pids of proxy processes (``pytest_sky.ssh.kube_proxy``) reaching ``pod``."""
+    """The pids of ProxyCommand processes (``kube_dial``, or the ``kube_proxy`` it falls
+    back to) reaching ``pod``."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pytest_sky.ssh.kube_proxy" in argv and pod.encode() in argv:
+        proxy = b"pytest_sky.ssh.kube_proxy" in argv or any(a.endswith(b"/kube_dial.py") for a in argv)
+        if proxy and pod.encode() in argv:
             found.append(int(entry.name))
     return found
 
 
 def test_the_clients_own_connection_starts_no_proxy_process(home: Path, emu: Emulator):
-    """Runs go over a port-forward the client opens in its own process: a proxy process would
-    load the kubernetes client again, most of a CPU second per connection.  Only the shared
+    """Runs go over a port-forward the client opens in its own process.  Only the shared
     connection that ssh configs use (ControlMaster, opened at launch) has a proxy."""
     with launch(emu, "k8s-noproxy") as c:
         assert c.run("true").returncode == 0  # the launch's handle has its connection open

@@ -40,6 +40,9 @@ class ProvisionConfig:
     shared_dir: str | None = None
     #: More than a pod's privileges, asked for on purpose (``capabilities=``, ``privileged=``).
     privileges: Privileges = NONE_ASKED
+    #: The cluster outlives the process that launches it (``--keep-clusters``, the CLI): what
+    #: the backend keeps running for it must not be that process's.
+    keep: bool = False
 
 
 @dataclass(frozen=True)

@@ -142,10 +142,6 @@ class KubeClient:
         context = self.context if self.context and self.context != IN_CLUSTER else None
         return PortForward(self.namespace, pod, 22, self.kubeconfig or None, context)
 
-    def proxy_command(self, pod: str) -> str:
-        """The ssh ProxyCommand that reaches ``pod``'s sshd by a port-forward."""
-        return kube_proxy.command(self.port_forward(pod))
-
     def watch_pods(self, selector: str, version: str, seconds: float) -> tuple[watch.Watch, Any]:
         """A watch of the pods of ``selector`` from ``version``, for at most ``seconds``: the
         watch (to stop it) and its stream of events.  Started with ``timeout_seconds``, it

@@ -7,9 +7,11 @@ a journal written by an older pytest-sky (no launch id, no pod specs) still read
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_sky.ssh.kube_forwarder import Handle
 from pytest_sky.state import Journal
 
 
@@ -31,6 +33,9 @@ class KubeRecord:
     shared_dir: str | None = None
     #: Each pod as the API server accepted it, which ``restart_node`` sends again.
     pod_specs: tuple[dict, ...] = ()
+    #: The cluster's forwarder (its socket, written before it starts; its process once it
+    #: has one), which the ssh config's ProxyCommand dials; None in an older journal.
+    forwarder: Handle | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +47,7 @@ class KubeRecord:
             "pods": list(self.pods),
             "shared_dir": self.shared_dir,
             "pod_specs": list(self.pod_specs),
+            "forwarder": dataclasses.asdict(self.forwarder) if self.forwarder else None,
         }
 
     @classmethod
@@ -55,6 +61,7 @@ class KubeRecord:
             pods=tuple(data.get("pods") or ()),
             shared_dir=data.get("shared_dir") or None,
             pod_specs=tuple(data.get("pod_specs") or ()),
+            forwarder=Handle(**data["forwarder"]) if data.get("forwarder") else None,
         )
 
     @classmethod

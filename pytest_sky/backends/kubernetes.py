@@ -2,8 +2,9 @@
 
 Pods ``<cluster>-head`` and ``<cluster>-worker<i>`` run sshd from a Secret holding the keys
 generated on the client, behind a headless Service so node names resolve.  The client
-reaches the head through a ProxyCommand that port-forwards over the API server's websocket
-(``pytest_sky.ssh.kube_proxy``); workers are reached through the head.  Waiting watches pod
+reaches the head by port-forwards over the API server's websocket, which the cluster's
+forwarder opens for ssh (``pytest_sky.ssh.kube_forwarder``, dialled by ``kube_dial``);
+workers are reached through the head.  Waiting watches pod
 phases and events, and any failure deletes everything the launch created.
 
 This module orders the steps; each concern has a module of its own: the connection
@@ -31,6 +32,8 @@ from pytest_sky.backends.kube_waiting import READY_TIMEOUT, PodWaiter
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
 from pytest_sky.resources import Resources
+from pytest_sky.ssh import kube_dial, kube_forwarder, kube_proxy
+from pytest_sky.ssh.kube_forwarder import Handle
 from pytest_sky.state import Journal
 
 log = logging.getLogger(__name__)
@@ -86,9 +89,6 @@ class KubernetesBackend(Backend):
     def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
         return self.client.exec(pod, command, timeout)
 
-    def proxy_command(self, pod: str) -> str:
-        return self.client.proxy_command(pod)
-
     # -- before anything is created --------------------------------------------------------
 
     def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
@@ -135,12 +135,14 @@ class KubernetesBackend(Backend):
             launch=secrets.token_hex(8),
             pods=tuple(pods),
             shared_dir=config.shared_dir,
+            forwarder=Handle(kube_forwarder.socket_path()),
         )
         record.save(config.journal)
         try:
             self._create_objects(config, record)
             ips = self.waiter.wait_running(manifests.selector(name, record.launch), pods)
             self.waiter.wait_banners(pods)
+            self._start_forwarder(config, record)
         except ApiException as exc:  # e.g. no permission to list or watch pods
             self._cleanup(name, config.journal)
             raise ProvisionError(f"waiting for the pods of {name}: {api_message(exc)}") from None
@@ -148,12 +150,26 @@ class KubernetesBackend(Backend):
             self._cleanup(name, config.journal)
             raise
         return ClusterInfo(
-            nodes=tuple(self._node_info(name, r, ip) for r, ip in enumerate(ips)),
+            nodes=tuple(self._node_info(name, r, ip, record.forwarder) for r, ip in enumerate(ips)),
             python="python3",
             cloud="kubernetes",
             region=self.context,
             zone=self.namespace,
         )
+
+    def _start_forwarder(self, config: ProvisionConfig, record: KubeRecord) -> None:
+        """The cluster's forwarder, which every ssh connection through its config dials: a
+        thread of this process, or a process of its own for a cluster kept beyond this one."""
+        assert record.forwarder is not None
+        pf = self.client.port_forward("")
+        target = kube_forwarder.Target(pf.namespace, pf.kubeconfig, pf.context)
+        try:
+            handle = kube_forwarder.start(
+                record.forwarder.socket, target, own_process=config.keep, watch=config.cluster_dir
+            )
+        except kube_forwarder.ForwarderError as exc:
+            raise ProvisionError(f"the forwarder of {config.name}'s ssh connections did not start: {exc}") from None
+        dataclasses.replace(KubeRecord.load(config.journal), forwarder=handle).save(config.journal)
 
     def _create_objects(self, config: ProvisionConfig, record: KubeRecord) -> None:
         """The Secret, the headless Service and the pods, each labelled with the launch; a
@@ -226,13 +242,14 @@ class KubernetesBackend(Backend):
         self.waiter.gpu = gpu
         return gpu
 
-    def _node_info(self, cluster: str, rank: int, ip: str) -> NodeInfo:
-        """The head is reached by port-forward, workers through the head."""
+    def _node_info(self, cluster: str, rank: int, ip: str, forwarder: Handle | None) -> NodeInfo:
+        """The head is reached by port-forward (through the cluster's forwarder, where the
+        journal has one), workers through the head."""
         pod = manifests.pod_name(cluster, rank)
         if rank == 0:
-            route = SshRoute(
-                hostname=pod, proxy_command=self.proxy_command(pod), port_forward=self.client.port_forward(pod)
-            )
+            pf = self.client.port_forward(pod)
+            proxy = kube_dial.command(forwarder.socket, kube_proxy.args_of(pf)) if forwarder else kube_proxy.command(pf)
+            route = SshRoute(hostname=pod, proxy_command=proxy, port_forward=pf)
         else:
             route = SshRoute(hostname=ip, proxy_jump=cluster)
         return NodeInfo(rank=rank, name=naming.node_name(rank), hostname=pod, ip=ip, route=route)
@@ -270,6 +287,8 @@ class KubernetesBackend(Backend):
         from urllib3.exceptions import HTTPError
 
         record = KubeRecord.load(journal)
+        if record.forwarder is not None:
+            kube_forwarder.stop(record.forwarder)
         if not record.pods:
             return
         self.client.adopt(record)
@@ -338,7 +357,7 @@ class KubernetesBackend(Backend):
         except ApiException as exc:
             raise ProvisionError(f"waiting for pod {pod}: {api_message(exc)}") from None
         nodes = list(info.nodes)
-        nodes[rank] = dataclasses.replace(self._node_info(name, rank, ip), env=nodes[rank].env)
+        nodes[rank] = dataclasses.replace(self._node_info(name, rank, ip, record.forwarder), env=nodes[rank].env)
         return dataclasses.replace(info, nodes=tuple(nodes))
 
     def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:

@@ -1,12 +1,13 @@
-"""ProxyCommand to a pod's sshd through the API server's port-forward websocket.
+"""A pod's sshd through the API server's port-forward websocket, with the kubernetes client.
 
-``python -m pytest_sky.ssh.kube_proxy --namespace NS --pod POD [--context C] [--kubeconfig K]``
-
-One port-forward stream per SSH connection (no shared local port), and the connection is
-handed to ssh only after the pod's SSH banner has arrived through it: ready by construction,
-where ``kubectl port-forward`` gives no signal at all (the race SkyPilot papered over with a
-random sleep).  Importing the kubernetes client costs most of a second, so the generated ssh
-config multiplexes (ControlMaster): bursts of connections reuse one proxy.
+The streams (:class:`Forward`) that the client's own connection opens in its process and the
+cluster's forwarder (``kube_forwarder``) opens for each ssh connection; and, as
+``python -m pytest_sky.ssh.kube_proxy --namespace NS --pod POD [--context C] [--kubeconfig K]``,
+the self-contained ProxyCommand that ``kube_dial`` becomes where no forwarder answers.  Each
+connection is handed over only after the pod's SSH banner has arrived through its stream:
+ready by construction, where ``kubectl port-forward`` gives no signal at all (the race
+SkyPilot papered over with a random sleep).  Loading the kubernetes client costs most of a CPU
+second, which is why this runs as a process only as the fallback.
 
 It also reads the API server's refusals (:func:`refusal_message`), for itself and for the
 backend: a refused websocket (exec, port-forward) arrives as an ``ApiException`` with status
@@ -21,7 +22,6 @@ as its ``expirationTimestamp`` says, in a 0600 file of the user's state director
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
@@ -29,7 +29,6 @@ import os
 import re
 import select
 import shlex
-import socket
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import RunError
 from pytest_sky.settings import state_home
+from pytest_sky.ssh import kube_dial
 
 BANNER_TIMEOUT = 30.0
 #: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
@@ -172,7 +172,7 @@ def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
     return portforward(api.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port))
 
 
-def _read_line(sock: Any, timeout: float) -> bytes:
+def read_line(sock: Any, timeout: float) -> bytes:
     data = b""
     deadline = time.monotonic() + timeout
     while not data.endswith(b"\n"):
@@ -196,7 +196,7 @@ def read_banner(api: Any, namespace: str, pod: str, port: int = 22, timeout: flo
     pf = open_forward(api, namespace, pod, port)
     try:
         sock = pf.socket(port)
-        banner = _read_line(sock, timeout)
+        banner = read_line(sock, timeout)
         if not banner.startswith(b"SSH-"):
             raise ConnectionError(f"not an SSH banner: {banner[:60]!r}")
         return banner
@@ -204,44 +204,14 @@ def read_banner(api: Any, namespace: str, pod: str, port: int = 22, timeout: flo
         pf.close()
 
 
-def relay(sock: Any, banner: bytes) -> int:
-    """stdin -> pod and pod -> stdout until either side closes."""
-    out = sys.stdout.fileno()
-    inp = sys.stdin.fileno()
-    os.write(out, banner)
-    watch = [inp, sock]
-    while True:
-        ready, _, _ = select.select(watch, [], [])
-        if inp in ready:
-            data = os.read(inp, 65536)
-            if not data:
-                try:
-                    sock.shutdown(1)
-                except OSError:
-                    pass
-                watch.remove(inp)
-            else:
-                sock.sendall(data)
-        if sock in ready:
-            data = sock.recv(65536)
-            if not data:
-                return 0
-            while data:
-                data = data[os.write(out, data) :]
-
-
 class Forward:
     """An open port-forward to a pod's port, whose socket carries the connection; the
     client's thread that relays it to the API server's websocket ends with :meth:`close`."""
 
-    def __init__(self, route: PortForward) -> None:
-        from kubernetes import client, config
+    def __init__(self, route: PortForward, cfg: Any = None) -> None:
+        from kubernetes import client
 
-        cfg = client.Configuration()
-        if route.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            load_kube_config(cfg, route.kubeconfig, route.context)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
+        cfg = cfg or configuration(route)
         self.route = route
         self._pf = open_forward(client.CoreV1Api(client.ApiClient(cfg)), route.namespace, route.pod, route.port)
         self.socket = _ClosesGently(self._pf.socket(route.port))
@@ -252,6 +222,24 @@ class Forward:
 
     def close(self) -> None:
         self._pf.close()
+
+    def hand_over(self) -> int:
+        """The stream's descriptor, for another process to use: this object no longer closes
+        it (the client's relay thread ends once every copy of it is closed)."""
+        return self._pf.socket(self.route.port).detach()
+
+
+def configuration(route: PortForward) -> Any:
+    """The kubernetes client's configuration for ``route``'s cluster: its kubeconfig and
+    context, or the pod's own service account where there is no kubeconfig in a pod."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if route.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        load_kube_config(cfg, route.kubeconfig, route.context)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return cfg
 
 
 class _ClosesGently:
@@ -270,15 +258,7 @@ class _ClosesGently:
         return getattr(self._sock, name)
 
     def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-            self._sock.settimeout(2.0)
-            while self._sock.recv(65536):
-                pass
-        except OSError:
-            pass
-        finally:
-            self._sock.close()
+        kube_dial.close_gently(self._sock)
 
 
 def open_in_process(route: PortForward) -> Forward:
@@ -292,30 +272,22 @@ def open_in_process(route: PortForward) -> Forward:
 
 
 def command(route: PortForward) -> str:
-    """The ProxyCommand (a shell line) that runs this module for ``route``: the inverse of
-    :func:`main`'s arguments, so the two are written side by side."""
-    argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", "--namespace", route.namespace, "--pod", route.pod]
-    if route.port != 22:
-        argv += ["--port", str(route.port)]
-    if route.kubeconfig:
-        argv += ["--kubeconfig", route.kubeconfig]
-    if route.context:
-        argv += ["--context", route.context]
+    """The ProxyCommand (a shell line) that runs this module for ``route``: the arguments are
+    the ones :func:`main` parses, from the same parser (``kube_dial``'s)."""
+    argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", *args_of(route)]
     return shlex.join(argv)
 
 
+def args_of(route: PortForward) -> list[str]:
+    return kube_dial.route_args(route.namespace, route.pod, route.port, route.kubeconfig, route.context)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_sky.ssh.kube_proxy", description=__doc__.split("\n")[0])
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--pod", required=True)
-    parser.add_argument("--port", type=int, default=22)
-    parser.add_argument("--context")
-    parser.add_argument("--kubeconfig")
-    args = parser.parse_args(argv)
+    args = kube_dial.parser("python -m pytest_sky.ssh.kube_proxy", __doc__.split("\n")[0]).parse_args(argv)
     route = PortForward(args.namespace, args.pod, args.port, args.kubeconfig, args.context)
     try:
         forward = Forward(route)
-        banner = _read_line(forward.socket, BANNER_TIMEOUT)
+        banner = read_line(forward.socket, BANNER_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - ssh shows our stderr: one line, then exit 255 like ssh
         reason = describe_refusal(exc)
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
@@ -324,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pytest-sky proxy: {args.pod}:{args.port} did not answer with an SSH banner\n")
         return 255
     try:
-        return relay(forward.socket, banner)
+        return kube_dial.relay(forward.socket, banner)
     except (OSError, ValueError) as exc:
         error = forward.error()
         sys.stderr.write(f"pytest-sky proxy: port-forward to {args.pod} dropped: {error or exc}\n")

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import select
-import signal
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +10,7 @@ from pytest_sky import procs
 from pytest_sky.backends.netns.cgroups import kill_cgroups, signal_cgroups
 from pytest_sky.backends.netns.links import delete_cluster_links, delete_links
 from pytest_sky.backends.netns.nodes import NodeProcess, NodeRecord
+from pytest_sky.procs import kill_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -23,60 +19,6 @@ def child_pid(pid: int) -> int:
     """The first child of ``pid`` (a node's keeper has one: the node's first process), or 0."""
     children = procs.children(pid)
     return children[0] if children else 0
-
-
-def kill_and_wait(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    """SIGKILL each pid and wait until it is gone; returns the survivors.
-
-    With pidfds (Linux 5.3+) the wait is a poll on them and a recycled pid is never hit;
-    without them (an older kernel, or a seccomp filter that refuses the call), each pid is
-    signalled directly and ``/proc`` is polled.
-    """
-    fds: dict[int, int] = {}
-    polled: list[int] = []
-    pidfd_open = getattr(os, "pidfd_open", None)
-    for pid in pids:
-        if pid <= 0:
-            continue
-        try:
-            if pidfd_open is None:
-                raise OSError(errno.ENOSYS, "no pidfd_open")
-            fds[pid] = pidfd_open(pid)
-        except OSError as exc:
-            if exc.errno == errno.ESRCH:
-                continue  # already gone
-            polled.append(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                polled.pop()
-            continue
-        try:
-            signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
-        except OSError as exc:
-            if exc.errno != errno.ESRCH:
-                raise
-    deadline = time.monotonic() + timeout
-    poller = select.poll()
-    for fd in fds.values():
-        poller.register(fd, select.POLLIN)
-    pending = dict(fds)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for fd, _ in poller.poll(left * 1000):
-            poller.unregister(fd)
-            pending = {p: f for p, f in pending.items() if f != fd}
-    for fd in fds.values():
-        os.close(fd)
-    delay = 0.001
-    while polled and time.monotonic() < deadline:
-        polled = [pid for pid in polled if procs.is_alive(pid)]
-        if polled:
-            time.sleep(delay)  # no pidfd to wait on: /proc is the only signal there is
-            delay = min(delay * 2, 0.05)
-    return [pid for pid in pending if procs.is_alive(pid)] + [pid for pid in polled if procs.is_alive(pid)]
 
 
 def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:

@@ -1,0 +1,187 @@
+"""A Kubernetes cluster's forwarder and the ProxyCommand that dials it, against the emulator.
+
+What a user notices: ssh through the cluster's config starts no process that loads the
+kubernetes client, twenty raw connections at once all get through, the CLI of another
+process is served by the same forwarder, and ``down`` (or the reaper) leaves no forwarder,
+process or socket behind.  Where the forwarder is gone, a connection still works (the
+self-contained proxy).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky import procs
+from pytest_sky.backends.kube_journal import KubeRecord
+from pytest_sky.ssh import kube_dial, kube_forwarder
+from pytest_sky.state import StateStore
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+
+from kube_emulator import Emulator
+
+SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
+RAW = ["-o", "ControlMaster=no", "-o", "ControlPath=none"]  # a full handshake, no shared master
+
+
+def launch(emu: Emulator, name: str, **kwargs: object) -> pytest_sky.Cluster:
+    return pytest_sky.launch(
+        num_nodes=2, name=name, backend="kubernetes", backend_options={"kubeconfig": str(emu.kubeconfig_path)}, **kwargs
+    )
+
+
+def forwarder_of(name: str) -> kube_forwarder.Handle:
+    handle = KubeRecord.load(StateStore().journal(name)).forwarder
+    assert handle is not None
+    return handle
+
+
+def processes_running(module: str) -> list[int]:
+    """Pids whose command line runs ``module`` (``-m`` or the module's file)."""
+    found = []
+    for pid in procs.pids():
+        argv = procs.cmdline(pid) or []
+        if module in argv or any(a.endswith(module.replace(".", "/") + ".py") for a in argv):
+            found.append(pid)
+    return found
+
+
+@pytest.fixture
+def no_kubernetes_client(tmp_path: Path) -> dict[str, str]:
+    """An environment in which importing the kubernetes client fails: whatever succeeds in
+    it reached the pod through the forwarder, not through a proxy of its own."""
+    fake = tmp_path / "blocked" / "kubernetes"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('the kubernetes client is blocked in this test')\n")
+    path = os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def ssh(c: pytest_sky.Cluster, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = ["ssh", "-F", c.ssh_config, *args, c.name, "hostname"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def test_no_connection_starts_a_process_that_loads_the_kubernetes_client(home: Path, emu: Emulator):
+    """The shared master's ProxyCommand, raw connections and a handle in another process:
+    none of them starts ``kube_proxy`` (most of a CPU second each)."""
+    with launch(emu, "fwd-lean") as c:
+        assert processes_running("pytest_sky.ssh.kube_proxy") == []
+        assert len(processes_running("pytest_sky.ssh.kube_dial")) == 1  # the ControlMaster's relay
+        for args in ([], RAW):
+            proc = ssh(c, *args)
+            assert proc.stdout.strip() == "fwd-lean-head", proc.stderr
+        assert processes_running("pytest_sky.ssh.kube_proxy") == []
+
+
+def test_twenty_raw_connections_at_once_all_get_through(home: Path, emu: Emulator):
+    with launch(emu, "fwd-burst") as c, ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(lambda _: ssh(c, *RAW), range(20)))
+    assert [r.stdout.strip() for r in results] == ["fwd-burst-head"] * 20, [r.stderr for r in results]
+
+
+def test_the_cli_of_another_process_is_served_by_the_launchs_forwarder(
+    home: Path, emu: Emulator, no_kubernetes_client: dict[str, str]
+):
+    with launch(emu, "fwd-cli") as c:
+        proc = subprocess.run(
+            [SCRIPT, "ssh", c.name, "head", "--", "hostname"], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == "fwd-cli-head", proc.stderr
+        # A raw connection from a process that cannot load the kubernetes client at all.
+        raw = ssh(c, *RAW, env=no_kubernetes_client)
+        assert raw.stdout.strip() == "fwd-cli-head", raw.stderr
+
+
+def test_without_its_forwarder_a_connection_falls_back_to_the_proxy(home: Path, emu: Emulator):
+    with launch(emu, "fwd-gone") as c:
+        handle = forwarder_of(c.name)
+        kube_forwarder.stop(handle)
+        assert not os.path.exists(handle.socket)
+        proc = ssh(c, *RAW)
+        assert proc.stdout.strip() == "fwd-gone-head", proc.stderr
+
+
+def test_a_dropped_stream_leaves_the_forwarder_serving(home: Path, emu: Emulator):
+    with launch(emu, "fwd-drop") as c:
+        held = subprocess.Popen(
+            ["ssh", "-F", c.ssh_config, *RAW, c.name, "echo up; exec sleep 60"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert held.stdout is not None and held.stdout.readline() == "up\n"
+            emu.set_faults(drop_portforwards=True)
+            assert held.wait(timeout=30) != 0  # that connection's stream is gone, and ssh says so
+        finally:
+            if held.poll() is None:
+                held.kill()
+            held.wait()
+        proc = ssh(c, *RAW)
+        assert proc.stdout.strip() == "fwd-drop-head", proc.stderr
+
+
+def test_a_pod_that_is_not_there_is_one_line_from_the_dialler(home: Path, emu: Emulator):
+    with launch(emu, "fwd-nopod") as c:
+        handle = forwarder_of(c.name)
+        dial = Path(kube_dial.__file__)
+        argv = [sys.executable, "-I", "-S", str(dial), "--socket", handle.socket, "--namespace", "default"]
+        proc = subprocess.run([*argv, "--pod", "fwd-nopod-nothere"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 255 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("pytest-sky proxy: cannot reach default/fwd-nopod-nothere:22: "), line
+
+
+def test_the_socket_is_the_users_alone(home: Path, emu: Emulator):
+    with launch(emu, "fwd-mode") as c:
+        path = forwarder_of(c.name).socket
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        code = (
+            "import os, socket, sys\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    sys.exit(13)\n"
+        )
+        if os.geteuid() == 0:
+            proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, path], timeout=30, check=False)
+            assert proc.returncode == 13
+
+
+def test_a_kept_cluster_has_a_forwarder_process_that_down_stops(
+    home: Path, emu: Emulator, no_kubernetes_client: dict[str, str]
+):
+    c = launch(emu, "fwd-kept", keep=True)
+    try:
+        handle = forwarder_of(c.name)
+        assert handle.pid is not None and procs.is_alive(handle.pid, handle.start_time)
+        assert handle.pid != os.getpid()
+        raw = ssh(c, *RAW, env=no_kubernetes_client)
+        assert raw.stdout.strip() == "fwd-kept-head", raw.stderr
+    finally:
+        c.down()
+    assert not procs.is_alive(handle.pid, handle.start_time)
+    assert not os.path.exists(handle.socket)
+
+
+def test_the_reaper_removes_the_socket_of_a_killed_owners_forwarder(home: Path, emu: Emulator):
+    code = (
+        "import os, pytest_sky\n"
+        "c = pytest_sky.launch(num_nodes=2, name='fwd-orphan', backend='kubernetes', "
+        f"backend_options={{'kubeconfig': {str(emu.kubeconfig_path)!r}}})\n"
+        "os._exit(0)  # the owner dies without tearing down: its forwarder thread with it\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    handle = forwarder_of("fwd-orphan")
+    assert handle.pid is None and os.path.exists(handle.socket)
+    assert "fwd-orphan" in pytest_sky.reap_orphans()
+    assert not os.path.exists(handle.socket)
