@@ -27,10 +27,10 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent.records, agent.rank, agent.fanout, agent.control, agent, bootstrap: what goes onto the nodes
-6. runner, job: the client side of a run
+6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
-8. cluster: the handle
-9. plugin, cli.commands, cli, cli.__main__, doctor, pytest_sky: the ways in
+8. cluster, artifacts: the handle, and what a failed test keeps of it
+9. junit, plugin, cli.commands, cli, cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
 from pytest_sky.cluster_info import ClusterInfo, SshRoute
-from pytest_sky.errors import ClusterNotFoundError, RunError, SkyError, TaskError
+from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, SkyError, TaskError
 from pytest_sky.job import Job
 from pytest_sky.protocol import NodeRef, RunSpec
 from pytest_sky.resources import Resources
@@ -62,6 +62,8 @@ class Cluster:
         self._lock = threading.Lock()
         self.last_result: RunResult | None = None
         self.results: list[RunResult] = []
+        #: Runs that timed out (their partial output and timeline), for a failure's artifacts.
+        self.timed_out: list[RunTimeoutError] = []
         self.is_down = False
 
     # -- the contract ----------------------------------------------------------------------
@@ -130,10 +132,24 @@ class Cluster:
         not raised; problems reaching the cluster raise :class:`RunError`.
         """
         task = self._prepared(cmd_or_task)
-        result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)  # type: ignore[arg-type]
+        try:
+            result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)  # type: ignore[arg-type]
+        except RunTimeoutError as exc:
+            self.timed_out.append(exc)
+            raise
         self.last_result = result
         self.results.append(result)
         return result
+
+    def diagnostics(self) -> list[tuple[str, str]]:
+        """The backend's account of the nodes beyond their runs, as (file name, text) pairs
+        (Kubernetes: each pod's events and container log), for a failed test's artifacts."""
+        return self._backend.diagnostics(self.name, self.journal)
+
+    def job_events(self, job_id: int) -> bytes:
+        """A job's events as the head recorded them, its run spec first (``agent events``)."""
+        _, out = self._agent.call(["events", str(job_id)])
+        return out
 
     def submit(self, cmd_or_task: str | Task, env: dict[str, str] | None = None) -> Job:
         """Start a detached job on the head and return at once; it outlives this client."""

@@ -119,6 +119,7 @@ def provision(
     keys = ClusterKeys.generate(name, num_nodes)
     started = time.monotonic()
     console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
+    provision_log(cluster_dir, f"launching {name}: {num_nodes} node(s) on {backend.name}, {record.resources_label}")
     config = ProvisionConfig(
         name=name,
         num_nodes=num_nodes,
@@ -146,7 +147,25 @@ def provision(
             store.forget(name)
         raise
     console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
+    for n in info.nodes:
+        provision_log(cluster_dir, f"rank {n.rank}: {n.name} {n.hostname} {n.ip}")
+    provision_log(cluster_dir, f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
     return record
+
+
+#: The launch's own account, in the cluster's directory (``pytest-sky`` keeps it with a
+#: failed test's artifacts).
+PROVISION_LOG = "provision.log"
+
+
+def provision_log(cluster_dir: os.PathLike[str] | str, line: str) -> None:
+    """One timestamped line of the launch's account; never fails the launch."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    try:
+        with open(os.path.join(cluster_dir, PROVISION_LOG), "a", encoding="utf-8") as f:
+            f.write(f"{stamp}Z {line}\n")
+    except OSError as exc:
+        log.debug("provision log: %s", exc)
 
 
 def _write_addresses(backend: Backend, store: StateStore, name: str, info: ClusterInfo, keys: ClusterKeys) -> None:

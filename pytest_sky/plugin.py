@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -93,7 +94,16 @@ def _terminate(signum: int, frame: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}" if not help_text.startswith(name) else help_text)
-    config.stash[_state_key] = _SessionState(settings=settings_from(config))
+    settings = settings_from(config)
+    if settings.artifacts:
+        from pytest_sky.artifacts import ArtifactsError, check_writable
+
+        try:
+            check_writable(settings.artifacts)
+        except ArtifactsError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    config.stash[_state_key] = _SessionState(settings=settings)
+    config.pluginmanager.register(_JunitWriter(config), "pytest-sky-junit")
     import signal
     import threading
 
@@ -156,17 +166,81 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
-    if report.failed and report.when in ("call", "setup"):
-        for cluster in item.stash.get(_item_clusters_key, []):
-            for result in cluster.results[-3:]:
-                for rank in result.ranks:
-                    title = (
-                        f"sky {cluster.name} job {result.job_id} rank {rank.rank} ({rank.name}, exit {rank.returncode})"
-                    )
-                    report.sections.append((title, rank.stdout or "(no output)\n"))
-                if result.error:
-                    report.sections.append((f"sky {cluster.name} job {result.job_id}", result.error + "\n"))
+    clusters = item.stash.get(_item_clusters_key, [])
+    if report.when not in ("call", "setup") or not clusters:
+        return report
+    from pytest_sky import junit
+
+    out = []
+    if report.failed:
+        out += _rank_sections(item, report, clusters)
+    state = item.config.stash.get(_state_key, None)
+    settings = state.settings if state is not None else None
+    if settings is not None and settings.artifacts and (report.failed or (settings.artifacts_all and report.passed)):
+        out.append(_keep_artifacts(report, settings.artifacts, clusters))
+    if out and report.failed:
+        junit.attach(item, report, "".join(out))
     return report
+
+
+def _rank_sections(item: pytest.Item, report: pytest.TestReport, clusters: list[Cluster]) -> list[str]:
+    """Each rank's lines as a section of the terminal report, a property of the test in the
+    JUnit XML, and the text of its ``<system-out>`` (returned)."""
+    from pytest_sky import junit
+
+    out = []
+    for cluster in clusters:
+        for result in cluster.results[-3:]:
+            for rank in result.ranks:
+                title = f"sky {cluster.name} job {result.job_id} rank {rank.rank} ({rank.name}, exit {rank.returncode})"
+                report.sections.append((title, rank.stdout or "(no output)\n"))
+                item.user_properties.append(
+                    (
+                        f"sky {cluster.name} job {result.job_id} rank {rank.rank}",
+                        f"{rank.name} {rank.ip} exit {rank.returncode}",
+                    )
+                )
+                header = junit.rank_header(cluster.name, result.job_id, rank.rank, rank.name, rank.ip, rank.returncode)
+                out.append(f"{header}\n{rank.stdout or '(no output)'}\n")
+            if result.error:
+                report.sections.append((f"sky {cluster.name} job {result.job_id}", result.error + "\n"))
+                out.append(f"===== sky {cluster.name} job {result.job_id}: {result.error}\n")
+    return out
+
+
+def _keep_artifacts(report: pytest.TestReport, directory: str, clusters: list[Cluster]) -> str:
+    """Write the test's artifacts (before its clusters go) and say where, in the report and
+    as attachment lines; a failure to gather them is a line in the report, never an error."""
+    from pytest_sky import artifacts, junit
+    from pytest_sky.errors import SkyError
+
+    try:
+        where = artifacts.write(Path(directory).resolve(), report.nodeid, report.outcome, report.when, clusters)
+    except (OSError, SkyError) as exc:
+        report.sections.append(("sky artifacts", f"could not write artifacts under {directory}: {exc}\n"))
+        return ""
+    lines = f"artifacts: {where}\n"
+    if (where / artifacts.TIMELINE).exists():
+        lines += f"timeline: {where / artifacts.TIMELINE}\n"
+    report.sections.append(("sky artifacts", lines))
+    return lines + junit.attachment_lines(artifacts.files(where))
+
+
+class _JunitWriter:
+    """On the process that writes the JUnit XML (the controller, under xdist): the rank logs
+    and attachment lines into each failed test case's ``<system-out>``.  One per session,
+    holding its config: ``pytest_runtest_logreport`` is not given it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from pytest_sky import junit
+
+        text = getattr(report, junit.REPORT_ATTR, None)
+        if text:
+            junit.add_system_out(self.config, report, text)
 
 
 @pytest.hookimpl(trylast=True)

@@ -24,9 +24,11 @@ from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import (
     DoneEvent,
     Event,
+    ExitEvent,
     JobEvent,
     JobRecord,
     LineEvent,
+    PhaseEvent,
     RunSpec,
     SpecEvent,
     StartEvent,
@@ -53,6 +55,32 @@ class RankResult:
     pid: int = 0
 
 
+@dataclass(frozen=True)
+class RankSpan:
+    """One rank's phase as the client saw it: when its start and its exit arrived (this
+    machine's clock, ``time.time()``)."""
+
+    rank: int
+    name: str
+    ip: str
+    phase: str  # "setup" or "run"
+    started: float | None  # None: it never started
+    ended: float | None  # None: still running when the run ended (a timeout)
+    code: int | None = None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A run's ranks over time: what a failure's timeline file draws (``pytest_sky.timeline``)."""
+
+    cluster: str
+    job_id: int
+    started: float
+    ended: float
+    spans: tuple[RankSpan, ...]
+    timed_out: bool = False
+
+
 @dataclass
 class RunResult:
     returncode: int  # 0 iff every rank returned 0
@@ -62,6 +90,8 @@ class RunResult:
     task_id: str = ""
     error: str | None = None  # which rank failed and how, when one did
     seconds: float = 0.0
+    #: Each rank's phases, start and end (what a failure's timeline file draws).
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -87,10 +117,15 @@ class _Collector:
         self.done: DoneEvent | None = None
         self.job_id = 0
         self.task_id = ""
-        # Kinds without a handler (phase, exit) say nothing the result needs.
+        self.started = time.time()
+        self.phases: list[str] = []
+        # (rank, phase) -> [start, end, code], as the events arrive.
+        self._spans: dict[tuple[int, str], list] = {}
         self._handlers: dict[type[Event], Callable] = {
             LineEvent: self._on_line,
             StartEvent: self._on_start,
+            ExitEvent: self._on_exit,
+            PhaseEvent: self._on_phase,
             JobEvent: self._on_job,
             DoneEvent: self._on_done,
         }
@@ -116,6 +151,23 @@ class _Collector:
 
     def _on_start(self, event: StartEvent) -> None:
         self.pids[event.rank] = event.pid
+        self._spans[(event.rank, event.phase)] = [time.time(), None, None]
+
+    def _on_exit(self, event: ExitEvent) -> None:
+        span = self._spans.setdefault((event.rank, event.phase), [None, None, None])
+        span[1], span[2] = time.time(), event.code
+
+    def _on_phase(self, event: PhaseEvent) -> None:
+        self.phases.append(event.phase)
+
+    def timeline(self, *, timed_out: bool = False) -> Timeline:
+        """Every rank of every phase that began, started or not, ended or not."""
+        spans = []
+        for phase in self.phases:
+            for node in self.spec.nodes:
+                start, end, code = self._spans.get((node.rank, phase), (None, None, None))
+                spans.append(RankSpan(node.rank, node.name, node.ip, phase, start, end, code))
+        return Timeline(self.spec.cluster, self.job_id, self.started, time.time(), tuple(spans), timed_out)
 
     def _on_job(self, event: JobEvent) -> None:
         self.job_id, self.task_id = event.id, event.task_id
@@ -148,6 +200,7 @@ class _Collector:
             task_id=self.task_id,
             error=self.done.error,
             seconds=seconds,
+            timeline=self.timeline(),
         )
 
     def partial(self) -> str:
@@ -210,6 +263,7 @@ class AgentClient:
                     raise RunTimeoutError(
                         f"run on cluster {spec.cluster} did not finish within {timeout:g} s; every rank was stopped",
                         partial_output=collector.partial(),
+                        timeline=collector.timeline(timed_out=True),
                     )
                 chan.settimeout(1.0 if left is None else min(left, 1.0))
                 try:

@@ -153,6 +153,15 @@ OPTIONS: tuple[Option, ...] = (
         Kind.SWITCH, on_cli=False,
     ),
     Option(
+        "artifacts", "--sky-artifacts",
+        "keep each failed multinode test's rank logs, run spec, provision log and timeline in DIR/<test id>/",
+        metavar="DIR", unset="(off)", on_cli=False,
+    ),
+    Option(
+        "artifacts_all", "--sky-artifacts-all", "with --sky-artifacts: keep them for passing tests too",
+        Kind.SWITCH, on_cli=False,
+    ),
+    Option(
         "mtu", "--sky-mtu", f"MTU of local cluster links (default {DEFAULT_MTU})", Kind.WHOLE, metavar="MTU",
         backend="local", keyword="mtu", unset=str(DEFAULT_MTU),
     ),
@@ -167,6 +176,9 @@ class Settings:
     kube_namespace: str | None = None
     kube_image: str | None = None
     keep_clusters: bool = False
+    #: Where failed tests' artifacts go (``pytest_sky.artifacts``); None: nowhere.
+    artifacts: str | None = None
+    artifacts_all: bool = False
     mtu: int | None = None
     kube_timeout: float | None = None  # seconds a launch waits for pods (PYTEST_SKY_KUBE_TIMEOUT)
     kube_shared_pvc: str | None = None  # the ReadWriteMany claim that holds shared_dir on Kubernetes

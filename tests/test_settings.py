@@ -75,7 +75,13 @@ def test_report_header_shows_each_setting_and_its_source(
     monkeypatch.delenv("PYTEST_SKY_KEEP_CLUSTERS", raising=False)
     result = pytester.runpytest_subprocess("--backend", "local")
     result.assert_outcomes(passed=1)
-    parts = ["backend=local (from --backend)", "keep_clusters=False (from default)", "mtu=9000 (from PYTEST_SKY_MTU)"]
+    parts = [
+        "backend=local (from --backend)",
+        "keep_clusters=False (from default)",
+        "artifacts=(off) (from default)",
+        "artifacts_all=False (from default)",
+        "mtu=9000 (from PYTEST_SKY_MTU)",
+    ]
     result.stdout.fnmatch_lines(["pytest-sky: " + ", ".join(parts)])
 
 

@@ -169,6 +169,11 @@ class Backend(ABC):
         (the local backend's run this machine's software)."""
         return None
 
+    def diagnostics(self, name: str, journal: Journal) -> list[tuple[str, str]]:
+        """What the backend knows of the nodes beyond their runs, as (file name, text) pairs for
+        a failed test's artifacts (Kubernetes: each pod's events and container log); [] here."""
+        return []
+
     def leftovers(self, name: str, journal: Journal) -> str:
         """What of the cluster may still exist, and where, when its record is forgotten
         without ``destroy`` succeeding (``pytest-sky down --purge``); read from the journal."""

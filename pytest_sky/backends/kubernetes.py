@@ -305,6 +305,25 @@ class KubernetesBackend(Backend):
         except HTTPError as exc:
             raise unreachable(exc, self.context, self.client.server) from None
 
+    def diagnostics(self, name: str, journal: Journal) -> list[tuple[str, str]]:
+        """Each pod's events (this pod's, by uid) and its container's log."""
+        record = self._adopt(journal)
+        api, ns, found = self.client.api(), self.namespace, []
+        for pod in record.pods:
+            try:
+                uid = api.read_namespaced_pod(pod, ns).metadata.uid
+                events = api.list_namespaced_event(
+                    ns, field_selector=f"involvedObject.name={pod},involvedObject.uid={uid}"
+                )
+                lines = [
+                    f"{e.last_timestamp or e.event_time or ''} {e.type} {e.reason}: {e.message}" for e in events.items
+                ]
+                found.append((f"{pod}.events.txt", "\n".join(lines) + "\n"))
+                found.append((f"{pod}.log", api.read_namespaced_pod_log(pod, ns, tail_lines=5000)))
+            except ApiException as exc:
+                found.append((f"{pod}.error.txt", f"could not read {pod}: {api_message(exc)}\n"))
+        return found
+
     def leftovers(self, name: str, journal: Journal) -> str:
         """Where this cluster's objects may still be, for a record forgotten without them."""
         return leftovers(name, KubeRecord.load(journal), self.namespace)

@@ -1,0 +1,179 @@
+"""A failed multinode test's artifacts: what CI keeps once its clusters are torn down.
+
+``--sky-artifacts DIR`` (``PYTEST_SKY_ARTIFACTS``) writes, for each failed test that used a
+cluster, ``DIR/<test id>/`` before teardown:
+
+- ``<cluster>/job-<id>/rank-<r>-<node>.log``: each rank's own lines, setup included;
+- ``<cluster>/job-<id>/merged.log`` (the prefixed log as the terminal shows it) and
+  ``events.jsonl`` (the head's record of the job: the run spec first, then every event);
+- ``<cluster>/provision.log``: the launch's account;
+- ``<cluster>/nodes/``: what the backend knows beyond the runs (Kubernetes: each pod's
+  events and container log);
+- ``timeline.html``: the last run's ranks over time (``pytest_sky.timeline``);
+- ``summary.json``: the test, its outcome, and per cluster, job and rank where it ran and
+  how it ended.
+
+A directory is written under a temporary name and renamed into place, so parallel workers
+(``-n``) never interleave files and a reader never sees half of one.  ``--sky-artifacts-all``
+keeps them for passing tests too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pytest_sky.cluster import Cluster
+from pytest_sky.errors import SkyError
+from pytest_sky.lifecycle import PROVISION_LOG
+from pytest_sky.runner import RunResult, Timeline
+from pytest_sky.timeline import first_failure, render
+
+SUMMARY = "summary.json"
+TIMELINE = "timeline.html"
+
+
+class ArtifactsError(SkyError):
+    """The artifacts directory cannot be used."""
+
+
+def check_writable(directory: str) -> Path:
+    """The directory, made if need be, once a file could be written in it; else one line."""
+    path = Path(directory).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".pytest-sky-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ArtifactsError(
+            f"--sky-artifacts {directory}: cannot write there ({exc.strerror or exc}): pick a writable directory"
+        ) from None
+    return path
+
+
+def dir_name(nodeid: str) -> str:
+    """A file name for a test id, readable and unique per id (parameters included)."""
+    slug = re.sub(r"[^A-Za-z0-9_.\[\]-]+", "_", nodeid).strip("_")
+    return slug[:200] or "test"
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    node: str
+    ip: str
+    exit: int
+    log: str  # relative to the test's directory
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job_id: int
+    returncode: int
+    error: str | None
+    seconds: float
+    ranks: tuple[RankSummary, ...]
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    name: str
+    backend: str
+    nodes: tuple[tuple[int, str, str], ...]  # (rank, name, ip)
+    jobs: tuple[JobSummary, ...]
+
+
+@dataclass(frozen=True)
+class Summary:
+    test: str
+    outcome: str  # "failed" or "passed"
+    when: str  # the phase that failed: "setup" or "call"
+    clusters: tuple[ClusterSummary, ...]
+    timeline: str | None = None
+    first_failure: str | None = None
+    problems: tuple[str, ...] = field(default=())  # what could not be gathered, and why
+
+
+def write(root: Path, nodeid: str, outcome: str, when: str, clusters: list[Cluster]) -> Path:
+    """Everything listed in the module's docstring, for one test; returns its directory."""
+    final = root / dir_name(nodeid)
+    tmp = root / f".{final.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    problems: list[str] = []
+    summaries = [_cluster(tmp, c, problems) for c in clusters]
+    timeline = _last_timeline(clusters)
+    first = None
+    if timeline is not None:
+        (tmp / TIMELINE).write_text(render(timeline, test_id=nodeid), encoding="utf-8")
+        span = first_failure(timeline)
+        first = f"rank {span.rank} ({span.name}, {span.ip}): {span.phase} exited {span.code}" if span else None
+    summary = Summary(nodeid, outcome, when, tuple(summaries), TIMELINE if timeline else None, first, tuple(problems))
+    (tmp / SUMMARY).write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
+    if final.exists():
+        shutil.rmtree(final)  # a rerun of the same test id: the newest account wins
+    os.replace(tmp, final)
+    return final
+
+
+def files(directory: Path) -> list[Path]:
+    """Every file written for a test, in a stable order."""
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def _cluster(tmp: Path, cluster: Cluster, problems: list[str]) -> ClusterSummary:
+    cdir = tmp / cluster.name
+    cdir.mkdir()
+    src = Path(cluster.ssh_config).parent / PROVISION_LOG
+    with contextlib.suppress(OSError):
+        shutil.copyfile(src, cdir / PROVISION_LOG)
+    jobs = [_job(tmp, cdir, cluster, r, problems) for r in cluster.results[-3:]]
+    for exc in cluster.timed_out[-1:]:
+        timeline = exc.timeline if isinstance(exc.timeline, Timeline) else None
+        jdir = cdir / f"job-{timeline.job_id if timeline else 0}-timed-out"
+        jdir.mkdir(exist_ok=True)
+        (jdir / "merged.log").write_text(exc.partial_output + "\n", encoding="utf-8")
+        jobs.append(JobSummary(timeline.job_id if timeline else 0, -1, str(exc), 0.0, (), timed_out=True))
+    try:
+        extra = cluster.diagnostics()
+    except Exception as exc:  # noqa: BLE001 - an artifact that cannot be read is noted, never fatal
+        extra = []
+        problems.append(f"{cluster.name} node diagnostics: {exc}")
+    if extra:
+        (cdir / "nodes").mkdir()
+        for name, text in extra:
+            (cdir / "nodes" / Path(name).name).write_text(text, encoding="utf-8")
+    nodes = tuple(zip(range(cluster.num_nodes), cluster.node_names, cluster.node_ips, strict=True))
+    return ClusterSummary(cluster.name, cluster.backend, nodes, tuple(jobs))
+
+
+def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: list[str]) -> JobSummary:
+    jdir = cdir / f"job-{result.job_id}"
+    jdir.mkdir(exist_ok=True)
+    ranks = []
+    for r in result.ranks:
+        log = jdir / f"rank-{r.rank}-{r.name}.log"
+        log.write_text(r.stdout, encoding="utf-8")
+        ranks.append(RankSummary(r.rank, r.name, r.ip, r.returncode, str(log.relative_to(tmp))))
+    (jdir / "merged.log").write_text(result.output, encoding="utf-8")
+    try:
+        (jdir / "events.jsonl").write_bytes(cluster.job_events(result.job_id))
+    except SkyError as exc:
+        problems.append(f"{cluster.name} job {result.job_id} events: {exc}")
+    return JobSummary(result.job_id, result.returncode, result.error, round(result.seconds, 3), tuple(ranks))
+
+
+def _last_timeline(clusters: list[Cluster]) -> Timeline | None:
+    """The timeline of the test's last run on any of its clusters, timed-out ones included."""
+    found: list[Timeline] = []
+    for c in clusters:
+        found += [r.timeline for r in c.results if r.timeline is not None]
+        found += [e.timeline for e in c.timed_out if isinstance(e.timeline, Timeline)]
+    return max(found, key=lambda t: t.ended) if found else None
