@@ -191,6 +191,7 @@ def test_the_header_shows_only_the_chosen_backends_settings() -> None:
 
 def test_the_registry_is_the_one_list_of_backends() -> None:
     from pytest_sky import registry
+
     assert registry.names() == ("local", "kubernetes")
     assert registry.spellings() == ("local", "kubernetes", "k8s")
     assert registry.canonical("k8s") == "kubernetes"
