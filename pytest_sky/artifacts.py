@@ -4,8 +4,9 @@
 cluster, ``DIR/<test id>/`` before teardown:
 
 - ``<cluster>/job-<id>/rank-<r>-<node>.log``: each rank's own lines, setup included;
-- ``<cluster>/job-<id>/merged.log`` (the prefixed log as the terminal shows it) and
-  ``events.jsonl`` (the head's record of the job: the run spec first, then every event);
+- ``<cluster>/job-<id>/merged.log`` (the prefixed log as the terminal shows it),
+  ``spec.json`` (what was run, where, with which environment) and ``events.jsonl`` (the
+  head's record of the job: the run spec first, then every event);
 - ``<cluster>/provision.log``: the launch's account;
 - ``<cluster>/nodes/``: what the backend knows beyond the runs (Kubernetes: each pod's
   events and container log);
@@ -31,6 +32,7 @@ from pathlib import Path
 from pytest_sky.cluster import Cluster
 from pytest_sky.errors import SkyError
 from pytest_sky.lifecycle import PROVISION_LOG
+from pytest_sky.protocol import SpecEvent, decode_event
 from pytest_sky.runner import RunResult, Timeline
 from pytest_sky.timeline import first_failure, render
 
@@ -164,9 +166,14 @@ def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: l
         ranks.append(RankSummary(r.rank, r.name, r.ip, r.returncode, str(log.relative_to(tmp))))
     (jdir / "merged.log").write_text(result.output, encoding="utf-8")
     try:
-        (jdir / "events.jsonl").write_bytes(cluster.job_events(result.job_id))
+        events = cluster.job_events(result.job_id)
     except SkyError as exc:
         problems.append(f"{cluster.name} job {result.job_id} events: {exc}")
+    else:
+        (jdir / "events.jsonl").write_bytes(events)
+        first = decode_event(events.split(b"\n", 1)[0]) if events.strip() else None
+        if isinstance(first, SpecEvent):
+            (jdir / "spec.json").write_text(json.dumps(first.spec.to_wire(), indent=2) + "\n", encoding="utf-8")
     return JobSummary(result.job_id, result.returncode, result.error, round(result.seconds, 3), tuple(ranks))
 
 

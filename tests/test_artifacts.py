@@ -108,6 +108,8 @@ def test_a_failed_tests_ranks_are_in_the_xml_and_its_artifacts(pytester: pytest.
     assert "hello from 1" in (cluster_dir / "job-1" / "merged.log").read_text()
     first_event = json.loads((cluster_dir / "job-1" / "events.jsonl").read_text().splitlines()[0])
     assert "hello from" in json.dumps(first_event)  # the run spec, with its command
+    spec = json.loads((cluster_dir / "job-1" / "spec.json").read_text())
+    assert "hello from" in spec["run"] and [n["name"] for n in spec["nodes"]] == ["head", "worker1"], spec
     assert "launching" in (cluster_dir / "provision.log").read_text()
     summary = json.loads((d / "summary.json").read_text())
     assert summary["outcome"] == "failed" and summary["first_failure"].startswith("rank 1 (worker1, 198.1")

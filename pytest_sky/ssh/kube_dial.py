@@ -15,19 +15,21 @@ Where no forwarder answers (it died, or the cluster was launched by an older pyt
 becomes the self-contained proxy, ``python -m pytest_sky.ssh.kube_proxy`` with the same
 arguments: slower, never broken.
 
-The request and the reply are the protocol both sides import from here: plain classes, not
-dataclasses, because importing ``dataclasses`` alone costs this process 29 ms.
+The request and the reply are the protocol both sides import from here: plain classes and one
+text line each, because ``dataclasses`` alone would cost this process 29 ms, and ``json`` and
+``argparse`` (with the ``re`` they pull in) another 15.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import select
-import shlex
 import socket
 import sys
+
+TYPE_CHECKING = False  # typing itself costs milliseconds here
+if TYPE_CHECKING:
+    import argparse
 
 #: How long the forwarder may take to open the stream and read the banner before giving up.
 BANNER_TIMEOUT = 30.0
@@ -35,7 +37,9 @@ _MAX_LINE = 65536
 
 
 class DialRequest:
-    """What the dialler asks for: one new port-forward stream to ``pod``'s ``port``."""
+    """What the dialler asks for: one new port-forward stream to ``pod``'s ``port``.
+
+    On the wire, one line: ``<namespace> <pod> <port>`` (Kubernetes names hold no spaces)."""
 
     __slots__ = ("namespace", "pod", "port")
 
@@ -45,17 +49,19 @@ class DialRequest:
         self.port = port
 
     def encode(self) -> bytes:
-        return json.dumps({"namespace": self.namespace, "pod": self.pod, "port": self.port}).encode() + b"\n"
+        return f"{self.namespace} {self.pod} {self.port}\n".encode()
 
     @classmethod
     def decode(cls, line: bytes) -> DialRequest:
-        data = json.loads(line)
-        return cls(str(data["namespace"]), str(data["pod"]), int(data["port"]))
+        namespace, pod, port = line.decode().split()
+        return cls(namespace, pod, int(port))
 
 
 class DialReply:
     """The forwarder's answer: the banner the pod's sshd sent through the new stream (whose
-    socket comes with this message), or why there is no stream."""
+    socket comes with this message), or why there is no stream.
+
+    On the wire, one line: ``OK <the banner's bytes in hex>`` or ``ERR <one line>``."""
 
     __slots__ = ("banner", "error")
 
@@ -64,12 +70,16 @@ class DialReply:
         self.error = error
 
     def encode(self) -> bytes:
-        return json.dumps({"banner": self.banner.decode("latin-1"), "error": self.error}).encode() + b"\n"
+        if self.error is not None:
+            return b"ERR " + " ".join(self.error.split()).encode() + b"\n"
+        return b"OK " + self.banner.hex().encode() + b"\n"
 
     @classmethod
     def decode(cls, line: bytes) -> DialReply:
-        data = json.loads(line)
-        return cls(str(data.get("banner") or "").encode("latin-1"), data.get("error"))
+        status, _, rest = line.strip().partition(b" ")
+        if status == b"OK":
+            return cls(banner=bytes.fromhex(rest.decode()))
+        return cls(error=rest.decode(errors="replace") or "the forwarder gave no reason")
 
 
 def read_line(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
@@ -114,7 +124,10 @@ def relay(sock: socket.socket, first: bytes = b"") -> int:
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The arguments that name a pod's port-forward: this module's, and the fallback proxy's."""
+    """The arguments that name a pod's port-forward, for the fallback proxy (``kube_proxy``);
+    this module reads the same ones by hand (:func:`_options`: argparse costs it 11 ms)."""
+    import argparse
+
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--namespace", required=True)
     p.add_argument("--pod", required=True)
@@ -139,6 +152,8 @@ def route_args(namespace: str, pod: str, port: int, kubeconfig: str | None, cont
 def command(socket_path: str, args: list[str]) -> str:
     """The ProxyCommand line: this file under the running interpreter, isolated and without
     site packages (nothing to import but the standard library)."""
+    import shlex
+
     return shlex.join([sys.executable, "-I", "-S", os.path.abspath(__file__), "--socket", socket_path, *args])
 
 
@@ -165,14 +180,34 @@ def dial(socket_path: str, request: DialRequest) -> tuple[socket.socket | None, 
     return stream, reply
 
 
+def _options(argv: list[str]) -> dict[str, str]:
+    """``--flag value`` pairs, as :func:`parser` and ``--socket`` define them."""
+    known = ("--socket", "--namespace", "--pod", "--port", "--context", "--kubeconfig")
+    options: dict[str, str] = {}
+    it = iter(argv)
+    for flag in it:
+        value = next(it, None)
+        if flag not in known or value is None:
+            raise ValueError(f"unexpected argument {flag!r}")
+        options[flag[2:]] = value
+    for needed in ("socket", "namespace", "pod"):
+        if needed not in options:
+            raise ValueError(f"--{needed} is required")
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = parser("kube_dial", __doc__.split("\n")[0])
-    p.add_argument("--socket", required=True)
-    ns = p.parse_args(argv)
-    args = route_args(ns.namespace, ns.pod, ns.port, ns.kubeconfig, ns.context)
-    where = f"{ns.namespace}/{ns.pod}:{ns.port}"
     try:
-        stream, reply = dial(ns.socket, DialRequest(ns.namespace, ns.pod, ns.port))
+        opts = _options(sys.argv[1:] if argv is None else argv)
+        port = int(opts.get("port", "22"))
+    except ValueError as exc:
+        sys.stderr.write(f"pytest-sky proxy: {exc}\n")
+        return 2
+    namespace, pod = opts["namespace"], opts["pod"]
+    args = route_args(namespace, pod, port, opts.get("kubeconfig"), opts.get("context"))
+    where = f"{namespace}/{pod}:{port}"
+    try:
+        stream, reply = dial(opts["socket"], DialRequest(namespace, pod, port))
     except (FileNotFoundError, ConnectionRefusedError):
         fallback(args)  # no forwarder here: the proxy that needs none
         return 255
@@ -185,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return relay(stream, reply.banner)
     except OSError as exc:
-        sys.stderr.write(f"pytest-sky proxy: port-forward to {ns.pod} dropped: {exc}\n")
+        sys.stderr.write(f"pytest-sky proxy: port-forward to {pod} dropped: {exc}\n")
         return 255
     finally:
         close_gently(stream)

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import logging
 import os
+import queue
 import secrets
 import select
 import signal
@@ -97,6 +98,10 @@ class Forwarder:
         self.path = path
         self.target = target
         self._cfg: Any = None
+        #: API clients between openings.  Making one costs ~9 ms of CPU (its connection pool's
+        #: TLS context), and one can open a single stream at a time: the client's ``stream``
+        #: swaps its request function while the websocket handshake runs.
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
 
@@ -134,6 +139,14 @@ class Forwarder:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
+    def _api(self) -> Any:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            from kubernetes import client
+
+            return client.CoreV1Api(client.ApiClient(self._cfg))
+
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             try:
@@ -151,7 +164,11 @@ class Forwarder:
         if request.namespace != self.target.namespace:
             raise ValueError(f"this forwarder serves namespace {self.target.namespace}, not {request.namespace}")
         route = PortForward(request.namespace, request.pod, request.port, self.target.kubeconfig, self.target.context)
-        forward = kube_proxy.Forward(route, self._cfg)
+        api = self._api()
+        try:
+            forward = kube_proxy.Forward(route, api)
+        finally:
+            self._idle.put(api)  # the handshake is over: the client serves the next opener
         try:
             banner = kube_proxy.read_line(forward.socket, kube_dial.BANNER_TIMEOUT)
             if not banner.startswith(b"SSH-"):

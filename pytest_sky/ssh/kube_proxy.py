@@ -208,12 +208,14 @@ class Forward:
     """An open port-forward to a pod's port, whose socket carries the connection; the
     client's thread that relays it to the API server's websocket ends with :meth:`close`."""
 
-    def __init__(self, route: PortForward, cfg: Any = None) -> None:
+    def __init__(self, route: PortForward, api: Any = None) -> None:
+        """``api``: a CoreV1Api to open it with (none: one of its own, from the route's
+        configuration); it is free for another opener once this returns."""
         from kubernetes import client
 
-        cfg = cfg or configuration(route)
+        api = api or client.CoreV1Api(client.ApiClient(configuration(route)))
         self.route = route
-        self._pf = open_forward(client.CoreV1Api(client.ApiClient(cfg)), route.namespace, route.pod, route.port)
+        self._pf = open_forward(api, route.namespace, route.pod, route.port)
         self.socket = _ClosesGently(self._pf.socket(route.port))
 
     def error(self) -> str | None:
