@@ -298,7 +298,8 @@ def remove_if_stale(path: str) -> bool:
 
 
 def stale_control_sockets() -> list[str]:
-    """ControlPath sockets of ours (``/tmp/psky-*``) whose master is gone."""
+    """Sockets of ours (``/tmp/psky-*``: ControlPath masters, Kubernetes forwarders) that
+    nothing answers on any more."""
     import glob
 
     return [path for path in sorted(glob.glob(f"{CONTROL_DIR}/psky-*")) if _master_gone(path)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from pytest_sky.backends import netns
 from pytest_sky.backends.netns import LINK_PREFIX, link_alias
 from pytest_sky.bootstrap import stale_control_sockets
+from pytest_sky.ssh.kube_forwarder import SUFFIX as FORWARDER_SUFFIX
 
 
 def leaked_links() -> list[str]:
@@ -50,7 +51,11 @@ def leftovers(store_root: Path | None = None) -> list[str]:
     out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]
     out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
     out += [f"cgroup {path}" for path in node_cgroups()]
-    out += [f"ssh control socket {path} (its master is gone)" for path in stale_control_sockets()]
+    for path in stale_control_sockets():
+        if path.endswith(FORWARDER_SUFFIX):
+            out.append(f"Kubernetes forwarder socket {path} (its forwarder is gone)")
+        else:
+            out.append(f"ssh control socket {path} (its master is gone)")
     try:
         store = StateStore(store_root)
         for record in store.records():

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
-from pytest_sky import procs
+from pytest_sky import doctor, procs
 from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.ssh import kube_dial, kube_forwarder
 from pytest_sky.state import StateStore
@@ -183,5 +183,6 @@ def test_the_reaper_removes_the_socket_of_a_killed_owners_forwarder(home: Path, 
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
     handle = forwarder_of("fwd-orphan")
     assert handle.pid is None and os.path.exists(handle.socket)
+    assert f"Kubernetes forwarder socket {handle.socket} (its forwarder is gone)" in doctor.leftovers()
     assert "fwd-orphan" in pytest_sky.reap_orphans()
     assert not os.path.exists(handle.socket)
