@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import sys
 
@@ -217,13 +218,27 @@ def main(argv: list[str] | None = None) -> int:
     if stream is None:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {where}: {reply.error}\n")
         return 255
+    # ssh ends its ProxyCommand with SIGHUP (a master told to exit, a client done): leave
+    # through close_gently, so that the forwarder's side sees an end of stream, not a reset.
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _leave)
     try:
         return relay(stream, reply.banner)
     except OSError as exc:
         sys.stderr.write(f"pytest-sky proxy: port-forward to {pod} dropped: {exc}\n")
         return 255
+    except _Ended:
+        return 0
     finally:
         close_gently(stream)
+
+
+class _Ended(Exception):
+    """The dialler was told to stop (SIGHUP, SIGTERM)."""
+
+
+def _leave(signum: int, frame: object) -> None:
+    raise _Ended
 
 
 def close_gently(sock: socket.socket) -> None:
