@@ -29,6 +29,10 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import Emulator
 
+# A stream closed with bytes unread kills the kubernetes client's relay thread in the launching
+# process with a traceback on the user's terminal: every ending here must be an end of stream.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 RAW = ["-o", "ControlMaster=no", "-o", "ControlPath=none"]  # a full handshake, no shared master
 

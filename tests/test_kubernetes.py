@@ -20,6 +20,10 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import Emulator, images
 
+# A port-forward closed with bytes unread kills the kubernetes client's relay thread in the
+# launching process with a traceback on the user's terminal (kube_dial's SIGHUP handling).
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
 
