@@ -184,3 +184,33 @@ def test_on_kubernetes_the_artifacts_hold_each_pods_events_and_log(
     assert "Scheduled" in (nodes / f"{head}.events.txt").read_text()
     assert (nodes / f"{head}.log").exists() and (nodes / f"{cluster_dir.name}-worker1.log").exists()
     assert "worker1" in json.loads((d / "summary.json").read_text())["first_failure"]
+
+
+@needs_local_backend
+@pytest.mark.parametrize("mode", ["log", "system-err", "out-err"])
+def test_the_rank_lines_reach_system_out_whatever_junit_logging_says(
+    pytester: pytest.Pytester, sky_home: Path, mode: str
+) -> None:
+    pytester.makepyfile(
+        test_inner=INNER.format(timeout=3).split("@pytest.mark.multinode(num_nodes=2)\ndef test_hangs")[0]
+    )
+    result = pytester.runpytest_subprocess("-o", f"junit_logging={mode}", "--junitxml=r.xml")
+    result.assert_outcomes(failed=1)
+    out = system_out(cases_of(pytester.path / "r.xml")["test_fails"])
+    assert "exit 3) =====\nhello from 1\nboom\n" in out, out
+
+
+def test_the_timeline_sets_apart_a_rank_that_never_started() -> None:
+    from pytest_sky.runner import RankSpan, Timeline
+    from pytest_sky.timeline import render
+
+    spans = (
+        RankSpan(0, "head", "198.18.0.2", "setup", 10.0, 11.0, 0),
+        RankSpan(1, "worker1", "198.18.0.3", "setup", None, None, None),
+    )
+    page = render(Timeline("c", 4, 10.0, 12.0, spans, timed_out=True), test_id="t::x")
+    parser = _Text()
+    parser.feed(page)
+    text = " ".join(parser.parts)
+    assert "rank 1 (worker1, 198.18.0.3)" in text and "setup: never started" in text, text
+    assert 'class="never"' in page and 'class="ok"' in page
