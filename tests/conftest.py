@@ -95,3 +95,32 @@ def memory_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, fake_backend.ENTRY))
     monkeypatch.setattr(fake_backend, "LEDGER", fake_backend.Ledger())
     yield fake_backend.LEDGER
+
+
+@pytest.fixture
+def inner_sky_home(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """For tests that run pytest inside (pytester): a private state directory, an output
+    directory for inner tests (``SKY_TEST_OUT``) and an environment without our settings.
+
+    Afterwards, any cluster still recorded there (a failed assertion before cleanup) is removed,
+    so a failing test never leaks namespace nodes onto the machine.
+    """
+    import os
+
+    import pytest_sky
+
+    for key in list(os.environ):
+        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) or key == "PYTEST_ADDOPTS":
+            monkeypatch.delenv(key)
+    home = pytester.path.resolve() / "skyhome"
+    out = pytester.path / "out"
+    out.mkdir()
+    monkeypatch.setenv("PYTEST_SKY_HOME", str(home))
+    monkeypatch.setenv("SKY_TEST_OUT", str(out))
+    yield home
+    clusters = home / "clusters"
+    for d in sorted(clusters.iterdir()) if clusters.is_dir() else []:
+        try:
+            pytest_sky.get_cluster(d.name).down()
+        except pytest_sky.SkyError:
+            pass

@@ -4,15 +4,12 @@ and the timeline, read the way a CI viewer and a person would read them."""
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-import pytest_sky
 from tests.plugin_helpers import assert_no_traceback, needs_local_backend
 
 INNER = """
@@ -33,22 +30,6 @@ def test_hangs(sky_cluster):
 def test_passes(sky_cluster):
     assert sky_cluster.run("true").returncode == 0
 """
-
-
-@pytest.fixture
-def sky_home(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for key in list(os.environ):
-        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) or key == "PYTEST_ADDOPTS":
-            monkeypatch.delenv(key)
-    home = pytester.path.resolve() / "skyhome"
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(home))
-    yield home
-    clusters = home / "clusters"
-    for d in sorted(clusters.iterdir()) if clusters.is_dir() else []:
-        try:
-            pytest_sky.get_cluster(d.name).down()
-        except pytest_sky.SkyError:
-            pass
 
 
 def cases_of(xml_path: Path) -> dict[str, ET.Element]:
@@ -84,7 +65,7 @@ def page_text(path: Path) -> str:
 
 
 @needs_local_backend
-def test_a_failed_tests_ranks_are_in_the_xml_and_its_artifacts(pytester: pytest.Pytester, sky_home: Path) -> None:
+def test_a_failed_tests_ranks_are_in_the_xml_and_its_artifacts(pytester: pytest.Pytester, inner_sky_home: Path) -> None:
     pytester.makepyfile(test_inner=INNER.format(timeout=3))
     art = pytester.path / "art"
     result = pytester.runpytest_subprocess("-o", "junit_logging=no", "--junitxml=r.xml", f"--sky-artifacts={art}")
@@ -124,7 +105,7 @@ def test_a_failed_tests_ranks_are_in_the_xml_and_its_artifacts(pytester: pytest.
 
 
 @needs_local_backend
-def test_under_xdist_each_test_gets_its_own_complete_files(pytester: pytest.Pytester, sky_home: Path) -> None:
+def test_under_xdist_each_test_gets_its_own_complete_files(pytester: pytest.Pytester, inner_sky_home: Path) -> None:
     pytester.makepyfile(
         test_inner="""
         import pytest
@@ -153,7 +134,9 @@ def test_under_xdist_each_test_gets_its_own_complete_files(pytester: pytest.Pyte
         assert name.endswith("[3]") or mine == [f"mine {i} 0", f"mine {i} 1"], (name, out)
 
 
-def test_an_artifacts_directory_that_cannot_be_written_is_one_line(pytester: pytest.Pytester, sky_home: Path) -> None:
+def test_an_artifacts_directory_that_cannot_be_written_is_one_line(
+    pytester: pytest.Pytester, inner_sky_home: Path
+) -> None:
     pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
     result = pytester.runpytest_subprocess("--sky-artifacts=/proc/pytest-sky-artifacts")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -163,7 +146,7 @@ def test_an_artifacts_directory_that_cannot_be_written_is_one_line(pytester: pyt
 
 
 def test_on_kubernetes_the_artifacts_hold_each_pods_events_and_log(
-    pytester: pytest.Pytester, sky_home: Path, emu: object, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, inner_sky_home: Path, emu: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("kubernetes", reason="pip install kubernetes")
     pytester.makepyfile(
@@ -189,7 +172,7 @@ def test_on_kubernetes_the_artifacts_hold_each_pods_events_and_log(
 @needs_local_backend
 @pytest.mark.parametrize("mode", ["log", "system-err", "out-err"])
 def test_the_rank_lines_reach_system_out_whatever_junit_logging_says(
-    pytester: pytest.Pytester, sky_home: Path, mode: str
+    pytester: pytest.Pytester, inner_sky_home: Path, mode: str
 ) -> None:
     pytester.makepyfile(
         test_inner=INNER.format(timeout=3).split("@pytest.mark.multinode(num_nodes=2)\ndef test_hangs")[0]

@@ -37,27 +37,8 @@ HOST_HAS_GPU = any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 @pytest.fixture(autouse=True)
-def sky_home(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    """A private state directory, an output directory for inner tests and a clean environment.
-
-    Afterwards, any cluster still recorded there (a failed assertion before cleanup) is removed,
-    so a failing test of this file never leaks namespace nodes onto the machine.
-    """
-    for key in list(os.environ):
-        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) or key == "PYTEST_ADDOPTS":
-            monkeypatch.delenv(key)
-    home = pytester.path.resolve() / "skyhome"
-    out = pytester.path / "out"
-    out.mkdir()
-    monkeypatch.setenv("PYTEST_SKY_HOME", str(home))
-    monkeypatch.setenv("SKY_TEST_OUT", str(out))
-    yield home
-    clusters = home / "clusters"
-    for d in sorted(clusters.iterdir()) if clusters.is_dir() else []:
-        try:
-            pytest_sky.get_cluster(d.name).down()
-        except pytest_sky.SkyError:
-            pass
+def sky_home(inner_sky_home: Path) -> Path:
+    return inner_sky_home
 
 
 # ----------------------------------------------------------------------------------- options
