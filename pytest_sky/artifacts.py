@@ -133,7 +133,7 @@ def files(directory: Path) -> list[Path]:
 def _cluster(tmp: Path, cluster: Cluster, problems: list[str]) -> ClusterSummary:
     cdir = tmp / cluster.name
     cdir.mkdir()
-    src = Path(cluster.ssh_config).parent / PROVISION_LOG
+    src = cluster.journal.cluster_dir / PROVISION_LOG
     with contextlib.suppress(OSError):
         shutil.copyfile(src, cdir / PROVISION_LOG)
     jobs = [_job(tmp, cdir, cluster, r, problems) for r in cluster.results[-3:]]

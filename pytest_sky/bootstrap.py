@@ -273,8 +273,9 @@ def stop_master(ssh_config_path: Path, cluster: str) -> None:
         remove_if_stale(sock)
 
 
-def _master_gone(path: str) -> bool:
-    """Whether ``path`` is a ControlPath socket that no master listens on any more."""
+def _nobody_answers(path: str) -> bool:
+    """Whether ``path`` is a socket of ours (a ControlPath master's, a forwarder's) that
+    nothing listens on any more."""
     try:
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             return False
@@ -290,7 +291,7 @@ def _master_gone(path: str) -> bool:
 def remove_if_stale(path: str) -> bool:
     """Remove a ControlPath socket whose master was killed (ssh removes its socket only when
     it exits of its own accord); True when it was stale."""
-    if not _master_gone(path):
+    if not _nobody_answers(path):
         return False
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -302,7 +303,7 @@ def stale_control_sockets() -> list[str]:
     nothing answers on any more."""
     import glob
 
-    return [path for path in sorted(glob.glob(f"{CONTROL_DIR}/psky-*")) if _master_gone(path)]
+    return [path for path in sorted(glob.glob(f"{CONTROL_DIR}/psky-*")) if _nobody_answers(path)]
 
 
 def write_client_files(

@@ -119,7 +119,7 @@ def provision(
     keys = ClusterKeys.generate(name, num_nodes)
     started = time.monotonic()
     console.progress(f"launching {name}: {num_nodes} node(s) on {backend.name}")
-    provision_log(cluster_dir, f"launching {name}: {num_nodes} node(s) on {backend.name}, {record.resources_label}")
+    account = [_stamped(f"launching {name}: {num_nodes} node(s) on {backend.name}, {record.resources_label}")]
     config = ProvisionConfig(
         name=name,
         num_nodes=num_nodes,
@@ -147,9 +147,9 @@ def provision(
             store.forget(name)
         raise
     console.progress(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
-    for n in info.nodes:
-        provision_log(cluster_dir, f"rank {n.rank}: {n.name} {n.hostname} {n.ip}")
-    provision_log(cluster_dir, f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s")
+    account += [_stamped(f"rank {n.rank}: {n.name} {n.hostname} {n.ip}") for n in info.nodes]
+    account.append(_stamped(f"{name} is up: {num_nodes} node(s) in {time.monotonic() - started:.2f} s"))
+    _write_provision_log(cluster_dir, account)
     return record
 
 
@@ -158,12 +158,16 @@ def provision(
 PROVISION_LOG = "provision.log"
 
 
-def provision_log(cluster_dir: os.PathLike[str] | str, line: str) -> None:
-    """One timestamped line of the launch's account; never fails the launch."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+def _stamped(line: str) -> str:
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}Z {line}\n"
+
+
+def _write_provision_log(cluster_dir: os.PathLike[str] | str, lines: list[str]) -> None:
+    """The launch's account, written once it is up (a failed launch leaves no directory to
+    keep it in); never fails the launch."""
     try:
-        with open(os.path.join(cluster_dir, PROVISION_LOG), "a", encoding="utf-8") as f:
-            f.write(f"{stamp}Z {line}\n")
+        with open(os.path.join(cluster_dir, PROVISION_LOG), "w", encoding="utf-8") as f:
+            f.writelines(lines)
     except OSError as exc:
         log.debug("provision log: %s", exc)
 

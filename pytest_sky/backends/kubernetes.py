@@ -161,11 +161,10 @@ class KubernetesBackend(Backend):
         """The cluster's forwarder, which every ssh connection through its config dials: a
         thread of this process, or a process of its own for a cluster kept beyond this one."""
         assert record.forwarder is not None
-        pf = self.client.port_forward("")
-        target = kube_forwarder.Target(pf.namespace, pf.kubeconfig, pf.context)
+        head = self.client.port_forward(manifests.pod_name(config.name, 0))
         try:
             handle = kube_forwarder.start(
-                record.forwarder.socket, target, own_process=config.keep, watch=config.cluster_dir
+                record.forwarder.socket, head, own_process=config.keep, watch=config.cluster_dir
             )
         except kube_forwarder.ForwarderError as exc:
             raise ProvisionError(f"the forwarder of {config.name}'s ssh connections did not start: {exc}") from None

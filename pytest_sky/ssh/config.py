@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+#: Where the client's unix sockets go (ControlPath masters, Kubernetes forwarders): a socket
+#: path must fit in 108 bytes (104 on macOS), and the state directory may be anywhere.
+SOCKET_DIR = "/tmp"
+
 #: The key exchanges both ends offer, fast one first (the sntrup761 hybrid that newer OpenSSH
 #: prefers costs tens of milliseconds per handshake).  Every name is one OpenSSH 7.4 knows
 #: (Ubuntu 18.04, RHEL 7): ssh and sshd refuse a config naming one they do not, so the hybrids
 #: (sntrup761, 8.5+; mlkem768, 9.9+) cannot be listed "in case".  ECDH P-256 and DH group 14
 #: are the fallbacks of a build without curve25519 (FIPS mode).
-#: Where the client's unix sockets go (ControlPath masters, Kubernetes forwarders): a socket
-#: path must fit in 108 bytes (104 on macOS), and the state directory may be anywhere.
-SOCKET_DIR = "/tmp"
-
 KEX = "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256"
 
 

@@ -16,14 +16,14 @@ remove the socket; a forwarder killed with its process leaves a socket that noth
 which they remove too.  The socket is the user's alone (mode 0600, and the peer's uid is
 checked): whoever can use it can reach the pods with the user's credentials.
 
-``python -m pytest_sky.ssh.kube_forwarder --socket PATH --watch DIR --namespace NS
-[--kubeconfig K] [--context C]`` runs one in the foreground.
+``python -m pytest_sky.ssh.kube_forwarder --socket PATH --watch DIR`` and the head's
+port-forward arguments (``kube_proxy``'s) runs one in the foreground.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -61,23 +61,6 @@ def socket_path() -> str:
 
 
 @dataclass(frozen=True)
-class Target:
-    """Which API server the forwarder talks to, and where its pods are."""
-
-    namespace: str
-    kubeconfig: str | None = None
-    context: str | None = None
-
-    def args(self) -> list[str]:
-        args = ["--namespace", self.namespace]
-        if self.kubeconfig:
-            args += ["--kubeconfig", self.kubeconfig]
-        if self.context:
-            args += ["--context", self.context]
-        return args
-
-
-@dataclass(frozen=True)
 class Handle:
     """A running forwarder, as a cluster's journal keeps it: its socket, and its process where
     it has one of its own (None: a thread of the launching process)."""
@@ -94,9 +77,11 @@ class ForwarderError(Exception):
 class Forwarder:
     """Serves :class:`kube_dial.DialRequest` on a unix socket, a thread per connection."""
 
-    def __init__(self, path: str, target: Target) -> None:
+    def __init__(self, path: str, route: PortForward) -> None:
+        """``route``: the head's port-forward; it names the API server, the credentials and
+        the namespace, and each request names the pod and port it wants there."""
         self.path = path
-        self.target = target
+        self.route = route
         self._cfg: Any = None
         #: API clients between openings.  Making one costs ~9 ms of CPU (its connection pool's
         #: TLS context), and one can open a single stream at a time: the client's ``stream``
@@ -107,8 +92,7 @@ class Forwarder:
 
     def listen(self) -> None:
         """Load the configuration (its failures are the caller's), then bind and listen."""
-        route = PortForward(self.target.namespace, "", 22, self.target.kubeconfig, self.target.context)
-        self._cfg = kube_proxy.configuration(route)
+        self._cfg = kube_proxy.configuration(self.route)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a stale socket of the same random name cannot be anyone else's
@@ -161,18 +145,16 @@ class Forwarder:
 
     def _open(self, conn: socket.socket, request: kube_dial.DialRequest) -> None:
         """Open the stream, read the banner through it, and hand the stream over."""
-        if request.namespace != self.target.namespace:
-            raise ValueError(f"this forwarder serves namespace {self.target.namespace}, not {request.namespace}")
-        route = PortForward(request.namespace, request.pod, request.port, self.target.kubeconfig, self.target.context)
+        if request.namespace != self.route.namespace:
+            raise ValueError(f"this forwarder serves namespace {self.route.namespace}, not {request.namespace}")
+        route = dataclasses.replace(self.route, pod=request.pod, port=request.port)
         api = self._api()
         try:
             forward = kube_proxy.Forward(route, api)
         finally:
             self._idle.put(api)  # the handshake is over: the client serves the next opener
         try:
-            banner = kube_proxy.read_line(forward.socket, kube_dial.BANNER_TIMEOUT)
-            if not banner.startswith(b"SSH-"):
-                raise ConnectionError(f"{request.pod}:{request.port} did not answer with an SSH banner")
+            banner = kube_proxy.expect_banner(forward.socket, kube_dial.BANNER_TIMEOUT, f"{route.pod}:{route.port}")
         except BaseException:
             forward.close()
             raise
@@ -195,12 +177,12 @@ _THREADS: dict[str, Forwarder] = {}
 _SPAWNED: dict[str, subprocess.Popen[bytes]] = {}
 
 
-def start(path: str, target: Target, *, own_process: bool, watch: Path) -> Handle:
+def start(path: str, route: PortForward, *, own_process: bool, watch: Path) -> Handle:
     """A forwarder for a new cluster at ``path`` (from :func:`socket_path`): a thread of this
     process, or (``own_process``, for a cluster that outlives it) a process of its own that
     ends once ``watch`` is gone.  Raises :class:`ForwarderError` where it cannot start."""
     if not own_process:
-        fwd = Forwarder(path, target)
+        fwd = Forwarder(path, route)
         try:
             fwd.listen()
         except Exception as exc:  # noqa: BLE001 - the configuration's own problem, in one line
@@ -210,7 +192,7 @@ def start(path: str, target: Target, *, own_process: bool, watch: Path) -> Handl
         return Handle(path)
     argv = [sys.executable, "-m", "pytest_sky.ssh.kube_forwarder", "--socket", path, "--watch", str(watch)]
     proc = subprocess.Popen(
-        argv + target.args(),
+        argv + kube_proxy.args_of(route),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -249,14 +231,11 @@ READY = b"ready\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pytest_sky.ssh.kube_forwarder", description=__doc__.split("\n")[0])
+    p = kube_dial.parser("python -m pytest_sky.ssh.kube_forwarder", __doc__.split("\n")[0])
     p.add_argument("--socket", required=True)
     p.add_argument("--watch", required=True, type=Path, help="end once this directory is gone")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--kubeconfig")
-    p.add_argument("--context")
     ns = p.parse_args(argv)
-    fwd = Forwarder(ns.socket, Target(ns.namespace, ns.kubeconfig, ns.context))
+    fwd = Forwarder(ns.socket, PortForward(ns.namespace, ns.pod, ns.port, ns.kubeconfig, ns.context))
     signal.signal(signal.SIGTERM, lambda *_: fwd.stop())
     try:
         fwd.listen()

@@ -40,7 +40,7 @@ from pytest_sky.errors import RunError
 from pytest_sky.settings import state_home
 from pytest_sky.ssh import kube_dial
 
-BANNER_TIMEOUT = 30.0
+BANNER_TIMEOUT = kube_dial.BANNER_TIMEOUT
 #: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
 RBAC_ROLE_FILE = "examples/kubernetes/rbac.yaml"
 _FORBIDDEN = re.compile(
@@ -195,13 +195,17 @@ def read_banner(api: Any, namespace: str, pod: str, port: int = 22, timeout: flo
     """Open a forward, read the banner, close it: the readiness probe of a pod's sshd."""
     pf = open_forward(api, namespace, pod, port)
     try:
-        sock = pf.socket(port)
-        banner = read_line(sock, timeout)
-        if not banner.startswith(b"SSH-"):
-            raise ConnectionError(f"not an SSH banner: {banner[:60]!r}")
-        return banner
+        return expect_banner(pf.socket(port), timeout, f"{pod}:{port}")
     finally:
         pf.close()
+
+
+def expect_banner(sock: Any, timeout: float, where: str) -> bytes:
+    """The stream's first line, which must be an SSH banner (readiness: sshd answered)."""
+    banner = read_line(sock, timeout)
+    if not banner.startswith(b"SSH-"):
+        raise ConnectionError(f"{where} did not answer with an SSH banner: {banner[:60]!r}")
+    return banner
 
 
 class Forward:
@@ -289,13 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     route = PortForward(args.namespace, args.pod, args.port, args.kubeconfig, args.context)
     try:
         forward = Forward(route)
-        banner = read_line(forward.socket, BANNER_TIMEOUT)
+        banner = expect_banner(forward.socket, BANNER_TIMEOUT, f"{args.pod}:{args.port}")
     except Exception as exc:  # noqa: BLE001 - ssh shows our stderr: one line, then exit 255 like ssh
         reason = describe_refusal(exc)
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
-        return 255
-    if not banner.startswith(b"SSH-"):
-        sys.stderr.write(f"pytest-sky proxy: {args.pod}:{args.port} did not answer with an SSH banner\n")
         return 255
     try:
         return kube_dial.relay(forward.socket, banner)
