@@ -257,11 +257,12 @@ def ssh_argv(c: Cluster, command: str, *, raw: bool = False) -> list[str]:
     return ["ssh", "-F", c.ssh_config, *bypass, c.name, command]
 
 
-def fresh_ssh(c: Cluster) -> float:
+def fresh_ssh(c: Cluster, *, raw: bool = True) -> float:
     """A new OpenSSH connection (a full handshake) to the head per call: what ``cluster.run``
-    replaces."""
+    replaces; ``raw=False``: one exec over the cluster's multiplexed master, the floor the
+    issue judges a run against."""
     t0 = time.perf_counter()
-    proc = subprocess.run(ssh_argv(c, "echo hi", raw=True), stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    proc = subprocess.run(ssh_argv(c, "echo hi", raw=raw), stdin=subprocess.DEVNULL, capture_output=True, check=False)
     dt = time.perf_counter() - t0
     if proc.returncode != 0 or proc.stdout != b"hi\n":
         raise RuntimeError(f"ssh to {c.name} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
@@ -313,6 +314,7 @@ def run_latency(plan: Plan, namer: Namer) -> list[Figure]:
     for n in plan.run_sizes:
         ours: list[float] = []
         fresh: list[float] = []
+        mux: list[float] = []
         exe: list[float] = []
         with cluster(n, namer(f"run{n}")) as c:
             client = open_paramiko(c)
@@ -320,6 +322,7 @@ def run_latency(plan: Plan, namer: Namer) -> list[Figure]:
                 steps: list[tuple[list[float], Callable[[], float]]] = [
                     (ours, lambda c=c: cluster_run(c)),
                     (fresh, lambda c=c: fresh_ssh(c)),
+                    (mux, lambda c=c: fresh_ssh(c, raw=False)),
                     (exe, lambda client=client: paramiko_exec(client)),
                 ]
                 progress(f"run latency: {n} nodes, {plan.run_warmups} warm-ups + {plan.run_reps} runs")
@@ -330,8 +333,13 @@ def run_latency(plan: Plan, namer: Namer) -> list[Figure]:
                             sink.append(dt * 1000)
             finally:
                 client.close()
-        targets = [Target(100, DESIGN), Target(150, ISSUE)] if n == 2 else []
-        for samples, label in ((fresh, "fresh `ssh` to head"), (exe, "paramiko exec, open conn")):
+        bound = {2: 15, 8: 30}.get(n)
+        rows = (
+            (fresh, "fresh `ssh` to head", [Target(bound, DESIGN)] if bound else []),
+            (mux, "multiplexed `ssh` exec", [Target(3, ISSUE, on_ratio=True)]),
+            (exe, "paramiko exec, open conn", []),
+        )
+        for samples, label, targets in rows:
             figures.append(
                 Figure(
                     section="run latency",

@@ -3,10 +3,11 @@
 The public contract (DESIGN.md section 2) is what this module exports.
 
 A run, by module: ``cluster.Cluster.run`` builds a ``protocol.RunSpec`` and hands it to
-``runner.AgentClient``, which execs the agent (``agent``, shipped by ``bootstrap`` as a
-zipapp) on the head over one SSH connection; the agent fans the ranks out to the workers
-over head-to-worker SSH (``agent.fanout``, each rank under the bash supervisor that
-``agent.rank`` reads from ``shell``) and streams ``protocol`` events back, which the runner
+``runner.AgentClient``, which asks the agent (``agent``, shipped by ``bootstrap`` as a
+zipapp) on the head over one SSH connection (its server, ``agent.server``, or an exec); the
+agent fans the ranks out to the workers (``agent.fanout``; ``agent.remote``: each worker's
+server, or head-to-worker SSH; each rank under the bash supervisor that ``agent.rank`` reads
+from ``shell``) and streams ``protocol`` events back, which the runner
 turns into the ``RunResult``.  Before that, ``lifecycle.provision`` had a backend (``backends.local``,
 ``backends.kubernetes``) create the nodes and return a ``cluster_info.ClusterInfo``.
 
@@ -26,7 +27,8 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
-5. agent.records, agent.rank, agent.fanout, agent.control, agent, bootstrap: what goes onto the nodes
+5. agent.records, agent.child, agent.remote, agent.rank, agent.fanout, agent.control, agent.server,
+   agent, bootstrap: what goes onto the nodes
 6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it

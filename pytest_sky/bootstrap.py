@@ -38,10 +38,13 @@ AGENT_PATH = "~/" + AGENT_FILE
 #: The agent and the stdlib-only modules it imports: one zipapp, generated, never copied by hand.
 AGENT_MODULES = (
     "agent",
+    "agent.child",
     "agent.control",
     "agent.fanout",
     "agent.rank",
     "agent.records",
+    "agent.remote",
+    "agent.server",
     "naming",
     "procs",
     "protocol",

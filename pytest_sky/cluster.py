@@ -22,9 +22,9 @@ from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privile
 from pytest_sky.cluster_info import ClusterInfo, SshRoute
 from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, SkyError, TaskError
 from pytest_sky.job import Job
-from pytest_sky.protocol import NodeRef, RunSpec
+from pytest_sky.protocol import NodeRef, RunSpec, door_secret
 from pytest_sky.resources import Resources
-from pytest_sky.runner import AgentClient, RunResult
+from pytest_sky.runner import AgentClient, Door, RunResult
 from pytest_sky.settings import Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
@@ -59,6 +59,7 @@ class Cluster:
         self._store = store
         self._client: paramiko.SSHClient | None = None
         self._forward: kube_proxy.Forward | None = None  # the head's port-forward, where it has one
+        self._door_state: Door | None = None
         self._lock = threading.Lock()
         self.last_result: RunResult | None = None
         self.results: list[RunResult] = []
@@ -207,8 +208,9 @@ class Cluster:
         """Drop (never reject) every packet between the ranks of ``group_a`` and those of
         ``group_b``, in both directions, inside the nodes' namespaces, as a failed switch.
 
-        Kept: SSH (TCP port 22) between the head and each worker, which is the harness's
-        control path (the head's agent starts each rank over it and collects its output),
+        Kept: SSH (TCP port 22) and the agent servers' port between the head and each
+        worker, which are the harness's control path (the head's agent starts each rank
+        over them and collects its output),
         and the client's own connection to the head (over the bridge, not between nodes).
         So ``run`` and ``submit`` still start and collect every rank, while what the ranks
         say to each other (gloo, NCCL, a c10d store, worker-to-worker SSH) is cut.
@@ -317,7 +319,17 @@ class Cluster:
     @property
     def _agent(self) -> AgentClient:
         """The agent on the head, over this handle's one connection (opened when first used)."""
-        return AgentClient(self.name, self._connection, self.info.python, bootstrap.AGENT_PATH)
+        return AgentClient(self.name, self._connection, self.info.python, bootstrap.AGENT_PATH, self._door())
+
+    def _door(self) -> Door | None:
+        """The way to the head's agent server, its secret from the cluster key this client holds."""
+        if self._door_state is None:
+            try:
+                key = (self._store.cluster_dir(self.name) / "id_ed25519").read_bytes()
+            except OSError:
+                return None
+            self._door_state = Door(door_secret(key))
+        return self._door_state
 
     def _spec(self, task: Task, env: dict[str, str] | None) -> RunSpec:
         info = self.info

@@ -236,6 +236,64 @@ def decode_spec(frame: bytes) -> RunSpec:
     return read_spec(read_exactly)
 
 
+# ------------------------------------------------------------------------------ the agent's door
+
+#: The TCP port of the agent's server on every node (``agent serve``, :mod:`pytest_sky.agent.server`).
+#: The client reaches the head's through its SSH connection (a ``direct-tcpip`` channel to the
+#: head's loopback); the head reaches each worker's over the cluster network, as the ranks of a
+#: training job reach each other.
+AGENT_PORT = 7022
+#: What a server says first, followed by a fresh nonce and a line break.
+GREETING = b"PSKY-AGENT1 "
+#: How a rank that a worker's server started ends its output: ``<mark> <nonce> <exit code>``
+#: on a line of its own (the nonce, which the rank's program never sees, keeps the program
+#: from ending its own rank early by printing the mark).
+EXIT_MARK = "PSKY-EXIT"
+
+
+def read_greeting(recv: Callable[[int], bytes]) -> bytes:
+    """A server's first line, given its connection's ``recv`` (a socket's, a paramiko
+    channel's): the server says nothing more until it has the client's answer."""
+    data = b""
+    while b"\n" not in data and len(data) < 256:
+        chunk = recv(256)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def door_secret(cluster_key: bytes) -> bytes:
+    """Who may ask a node's server for anything: whoever holds the cluster's private key,
+    which is who may ssh to the node (every node and the client hold it)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(cluster_key, b"pytest-sky agent door", hashlib.sha256).digest()
+
+
+def _proof(secret: bytes, nonce: bytes) -> bytes:
+    import hashlib
+    import hmac
+
+    return hmac.new(secret, nonce, hashlib.sha256).hexdigest().encode()
+
+
+def door_answer(secret: bytes, greeting: bytes, request: str) -> bytes:
+    """The client's first line to a server that sent ``greeting``: the proof that it holds
+    the secret (for this greeting's nonce only, so a line overheard is worth nothing), then
+    what it asks for."""
+    return _proof(secret, greeting[len(GREETING) :].strip()) + b" " + request.encode() + b"\n"
+
+
+def door_request(secret: bytes, nonce: bytes, line: bytes) -> str | None:
+    """What a client's first line asks for; None when its proof is wrong."""
+    import hmac
+
+    proof, _, request = line.rstrip(b"\n").partition(b" ")
+    return request.decode() if hmac.compare_digest(proof, _proof(secret, nonce)) else None
+
+
 # ------------------------------------------------------------------------------ job records
 
 

@@ -1,13 +1,13 @@
 """The client's side of the agent: :class:`AgentClient`, and the ``RunResult`` its events make.
 
 A run goes ``Cluster.run`` (builds the :class:`~pytest_sky.protocol.RunSpec`) ->
-:meth:`AgentClient.run` (execs ``agent.pyz run`` on the head over the cluster's SSH
-connection, writes the spec, reads the events) -> ``agent`` on the head (fans out to every
-rank) and back: each :mod:`~pytest_sky.protocol` event goes to its handler in
-:class:`_Collector`, which builds the :class:`RunResult` of the public contract.  Closing
-the channel is the agent's signal to stop every rank, which is how timeouts and Ctrl-C stop
-remote work.  Detached jobs (``job.Job``) use the client's other commands: ``submit``,
-``jobs``, ``wait``, ``logs``, ``events``, ``cancel``, ``forget``.
+:meth:`AgentClient.run` (over the cluster's SSH connection, asks the head's agent server for
+a run, or execs ``agent.pyz run`` where it has none yet; writes the spec, reads the events)
+-> ``agent`` on the head (fans out to every rank) and back: each :mod:`~pytest_sky.protocol`
+event goes to its handler in :class:`_Collector`, which builds the :class:`RunResult` of the
+public contract.  Closing the channel is the agent's signal to stop every rank, which is how
+timeouts and Ctrl-C stop remote work.  Detached jobs (``job.Job``) use the client's other
+commands: ``submit``, ``jobs``, ``wait``, ``logs``, ``events``, ``cancel``, ``forget``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, TypeVar
 from pytest_sky.errors import RunError, RunTimeoutError
 from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import (
+    AGENT_PORT,
+    GREETING,
     DoneEvent,
     Event,
     ExitEvent,
@@ -35,7 +37,9 @@ from pytest_sky.protocol import (
     decode_event,
     decode_record,
     decode_records,
+    door_answer,
     encode_spec,
+    read_greeting,
 )
 
 if TYPE_CHECKING:
@@ -222,6 +226,18 @@ def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
 # ------------------------------------------------------------------------------ the client
 
 
+@dataclass
+class Door:
+    """The way to the head's agent server (``agent.server``), as one cluster handle knows it.
+
+    Until a run has gone the old way on this handle (an exec, which starts a server where
+    none runs), the head may have none, and asking would only be refused (paramiko logs
+    every refused channel as an error); so the first run execs, and later ones knock."""
+
+    secret: bytes  # ``protocol.door_secret`` of the cluster key
+    answered: bool = False
+
+
 @dataclass(frozen=True)
 class AgentClient:
     """The agent on one cluster's head, as the client talks to it: every exec over one SSH
@@ -231,6 +247,35 @@ class AgentClient:
     connect: Callable[[], paramiko.SSHClient]
     python: str  # the head's interpreter
     agent_path: str  # the bundle on the head, e.g. ``~/.sky/agent.pyz``
+    #: The way to the head's agent server; None: every run execs the agent.
+    door: Door | None = None
+
+    def _served(self, request: str) -> paramiko.Channel | None:
+        """A channel to the head's agent server, past its door, asking ``request``; None where
+        the head has no server (yet): the caller execs the agent instead, which starts one."""
+        import paramiko
+
+        if self.door is None or not self.door.answered:
+            return None
+        transport = self.connect().get_transport()
+        if transport is None or not transport.is_active():
+            raise RunError(f"the connection to the head of {self.cluster} is closed")
+        try:
+            chan = transport.open_channel("direct-tcpip", ("127.0.0.1", AGENT_PORT), ("127.0.0.1", 0), timeout=30)
+        except paramiko.ChannelException:
+            self.door.answered = False  # refused: nothing listens (the head restarted)
+            return None
+        try:
+            chan.settimeout(30)
+            greeting = read_greeting(chan.recv)
+            if not greeting.startswith(GREETING):
+                chan.close()
+                return None
+            chan.sendall(door_answer(self.door.secret, greeting, request))
+        except BaseException:
+            chan.close()
+            raise
+        return chan
 
     def _channel(self, args: list[str]) -> paramiko.Channel:
         transport = self.connect().get_transport()
@@ -252,7 +297,11 @@ class AgentClient:
         """Execute ``spec`` on every rank and wait for all of them (``agent run``)."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        chan = self._channel(["run"])
+        chan = self._served("run")
+        if chan is None:
+            chan = self._channel(["run", "--serve"])
+            if self.door is not None:
+                self.door.answered = True  # that agent started a server, for the next run
         try:
             chan.sendall(encode_spec(spec))
             collector = _Collector(spec, on_line)

@@ -249,7 +249,7 @@ def test_the_bundle_runs_isolated(tmp_path: Path, foreign_bytecode: bool) -> Non
     path = _bundle(tmp_path, foreign_bytecode=foreign_bytecode)
     out = subprocess.run([sys.executable, "-I", "-S", str(path), "nonsense"], capture_output=True, text=True, cwd="/")
     assert out.returncode == 2
-    assert out.stderr.startswith("usage: agent.pyz run|submit|jobs"), out.stderr
+    assert out.stderr.startswith("usage: agent.pyz run|submit|serve|jobs"), out.stderr
 
 
 def test_the_attached_run_imports_no_json(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """The agent: shipped to every node, run on the head with the node's python, stdlib only.
 
 Where it sits in a run: ``Cluster.run`` builds a :class:`~pytest_sky.protocol.RunSpec`,
-``runner.AgentClient`` execs ``python -I -S ~/.sky/agent.pyz run`` on the head over the
-cluster's SSH connection and writes the spec on its stdin; the agent fans the task out to
+``runner.AgentClient`` asks the head's agent server for a run (a fork of it:
+:mod:`~pytest_sky.agent.server`), or, where the head has none yet, execs
+``python -I -S ~/.sky/agent.pyz run --serve`` (which starts one), over the cluster's SSH
+connection, and writes the spec on its stdin; the agent fans the task out to
 every rank (setup on every node first, then run: :mod:`~pytest_sky.agent.fanout`) and
 answers with the events of :mod:`pytest_sky.protocol` on stdout (``job``, ``phase``,
 ``start``, one ``l`` per output line, ``exit`` per rank, finally ``done``), which ``runner``
@@ -13,7 +15,8 @@ returns at once; ``jobs``, ``wait``, ``logs``, ``events`` and ``cancel`` read an
 (``job.Job``; :mod:`~pytest_sky.agent.control`); ``forget`` drops the records of ended ones.
 
 Each rank runs under the rank supervisor (bash, ``shell/rank_supervisor.sh``), locally for
-the head and over head-to-worker SSH for workers (:mod:`~pytest_sky.agent.rank`).  Every
+the head, and for workers through their own agent servers or over head-to-worker SSH
+(:mod:`~pytest_sky.agent.rank`, :mod:`~pytest_sky.agent.remote`).  Every
 job keeps its status, prefixed log and events in ``~/.sky/jobs/<id>``
 (:mod:`~pytest_sky.agent.records`).
 
@@ -117,13 +120,22 @@ def _daemon(spec: RunSpec, record: JobRecord, job_dir: str) -> int:
         return 1
 
 
-USAGE = f"usage: {shell.AGENT_BUNDLE} run|submit|{'|'.join(COMMANDS)} ...\n"
+USAGE = f"usage: {shell.AGENT_BUNDLE} run|submit|serve|{'|'.join(COMMANDS)} ...\n"
 
 
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else ""
     if mode == "run":
+        if "--serve" in argv[2:]:  # the client found no server on this node: one for next time
+            from pytest_sky.agent.server import start_in_background
+
+            start_in_background(run_main)
         return run_main()
+    if mode == "serve":  # a worker's rank over ssh found none: one for the head's next run
+        from pytest_sky.agent.server import start_in_background
+
+        start_in_background(run_main)
+        return 0
     if mode == "submit":
         return submit_main()
     if mode in COMMANDS:

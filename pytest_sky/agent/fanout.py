@@ -1,9 +1,10 @@
 """A job across its ranks: setup on every node, then run, the first failure stopping the rest.
 
-The head starts every rank of a phase at once (:class:`~pytest_sky.agent.rank.Rank`: its
-own locally, the workers' over head-to-worker SSH), watches each from a thread of its own,
-and closes every other rank's lifeline when one fails or the job is cancelled.  Each rank's
-environment is SkyPilot's: its variables, then the task's envs, then the node's.
+The head starts every rank of a phase at once (:class:`~pytest_sky.agent.rank.Rank`: its own
+locally, the workers' through their agent servers or over head-to-worker SSH), watches each
+from a thread of its own, and closes every other rank's lifeline when one fails or the job
+is cancelled.  Each rank's environment is SkyPilot's: its variables, then the task's envs,
+then the node's.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def _run_phase(
     """Run one phase on every rank; the first failure stops the others."""
     import threading
 
-    ranks = [Rank(node, spec, phase, script, env_for(node), emitter) for node in spec.nodes]
+    from pytest_sky.agent.remote import secret
+
+    door = secret() if spec.num_nodes > 1 else None
+    ranks = [Rank(node, spec, phase, script, env_for(node), emitter, door) for node in spec.nodes]
     first_failure: list[Rank] = []
     done = threading.Event()
     lock = threading.Lock()

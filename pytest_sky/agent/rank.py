@@ -1,8 +1,9 @@
 """One rank on one node, as the head starts it: the rank's program, its supervisor, its output.
 
 Each rank runs under the rank supervisor (``shell/rank_supervisor.sh``, bash: a Python one
-cost ~30 ms of interpreter start per node per run), locally for the head and over
-head-to-worker SSH for a worker.  The supervisor's first line is the pid of the rank's
+cost ~30 ms of interpreter start per node per run), locally for the head, and for a worker
+through its node's agent server or over head-to-worker SSH
+(:class:`~pytest_sky.agent.remote.Remote`).  The supervisor's first line is the pid of the rank's
 session (``shell.PID_MARK``); every line after it is the rank's output, which
 :class:`Rank` hands to the job's :class:`~pytest_sky.agent.records.Emitter` as it comes.
 Closing a rank's stdin (its lifeline) stops its whole tree.
@@ -11,12 +12,17 @@ Closing a rank's stdin (its lifeline) stops its whole tree.
 from __future__ import annotations
 
 import os
-import signal
+import sys
 
 from pytest_sky import shell
+from pytest_sky.agent.child import Child
 from pytest_sky.agent.records import Emitter
 from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import LineEvent, NodeRef, RunSpec, StartEvent
+
+TYPE_CHECKING = False  # typing's own would cost its import on the agent's every run
+if TYPE_CHECKING:
+    from pytest_sky.agent.remote import Remote
 
 #: How long the head waits, past a rank's own grace, for ranks it told to stop.
 STOP_GRACE_SECONDS = 2.0
@@ -60,77 +66,22 @@ def rank_script(script: str, env: dict, cwd: str | None, *, phase: str = "run") 
     return "; ".join(steps) + "; " + script + "\n"
 
 
-class Child:
-    """A spawned process with pipes, without the subprocess module (~25 ms to import)."""
-
-    def __init__(self, argv: list[str], *, capture_stderr: bool) -> None:
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe() if capture_stderr else (-1, -1)
-        actions = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)]
-        if capture_stderr:
-            actions.append((os.POSIX_SPAWN_DUP2, err_w, 2))
-        # Pipes are close-on-exec (PEP 446): the child keeps only what dup2 put on 0, 1, 2.
-        self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
-        for fd in (in_r, out_w, err_w):
-            if fd >= 0:
-                os.close(fd)
-        self.stdin: int | None = in_w
-        self.stdout = out_r
-        self.stderr = err_r
-        self.returncode: int | None = None
-
-    def close_stdin(self) -> None:
-        if self.stdin is not None:
-            try:
-                os.close(self.stdin)
-            except OSError:
-                pass
-            self.stdin = None
-
-    def write_stdin(self, data: bytes) -> None:
-        assert self.stdin is not None
-        while data:
-            data = data[os.write(self.stdin, data) :]
-
-    def wait(self) -> int:
-        while self.returncode is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-            except ChildProcessError:  # reaped by a concurrent poll(), which set returncode
-                if self.returncode is None:
-                    self.returncode = 255
-                break
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
+def rank_argv(program: str) -> list[str]:
+    """The head runs its own rank itself."""
+    return ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program]
 
 
-def rank_argv(node: NodeRef, program: str) -> list[str]:
-    """The head runs its rank itself; a worker's goes over head-to-worker SSH."""
-    if node.rank == 0:
-        return ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program]
+def worker_ssh_argv(node: NodeRef, program: str, *, start_server: str | None = None) -> list[str]:
+    """A worker's rank over head-to-worker SSH: the way when its node has no agent server
+    yet; ``start_server`` (the node's python) starts one there first, for the next run."""
     # The agent's own hops share one connection per worker (a user's ssh does not: a racing
     # master prints "ControlSocket ... already exists" into the task's output).  /run is
     # private to the node, so the socket path is short and dies with it.  A worker that
     # vanishes (its node killed, its link gone) fails the run in ~3 s, also when it vanishes
     # while the connection is still being made.
     remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} {shell.RANK_ARGV0} {_sh_quote(program)}"
+    if start_server is not None:
+        remote = f"{_sh_quote(start_server)} -I -S ~/.sky/{shell.AGENT_BUNDLE} serve </dev/null; {remote}"
     options = {
         "ControlMaster": "auto",
         "ControlPath": "/run/psky-cm-%C",
@@ -148,7 +99,16 @@ def rank_argv(node: NodeRef, program: str) -> list[str]:
 class Rank:
     """One phase of one rank, started at once; its output read by threads of its own."""
 
-    def __init__(self, node: NodeRef, spec: RunSpec, phase: str, script: str, env: dict, emitter: Emitter) -> None:
+    def __init__(
+        self,
+        node: NodeRef,
+        spec: RunSpec,
+        phase: str,
+        script: str,
+        env: dict,
+        emitter: Emitter,
+        door: bytes | None = None,
+    ) -> None:
         import threading
 
         self.rank = node.rank
@@ -158,38 +118,33 @@ class Rank:
         self.emitter = emitter
         self.pid = 0
         self.code: int | None = None
-        self.ssh_error = ""
-        self.proc = Child(
-            rank_argv(node, rank_script(script, env, spec.cwd, phase=phase)), capture_stderr=bool(self.rank)
-        )
+        program = rank_script(script, env, spec.cwd, phase=phase)
+        if self.rank == 0:
+            self.proc: Child | Remote = Child(rank_argv(program), capture_stderr=False)
+        else:
+            from pytest_sky.agent import remote
+
+            ssh = worker_ssh_argv(node, program, start_server=sys.executable if remote.on_server else None)
+            self.proc = remote.Remote(node, program, door, ssh)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
-        if self.rank:
-            self.err_reader = threading.Thread(target=self._read_err, daemon=True)
-            self.err_reader.start()
-
-    def _read_err(self) -> None:
-        data = b""
-        while True:
-            try:
-                chunk = os.read(self.proc.stderr, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            data += chunk
-        os.close(self.proc.stderr)
-        self.ssh_error = data.decode("utf-8", "replace").strip()
 
     def _read(self) -> None:
-        fd = self.proc.stdout
+        fd = self.proc.open()
+        self.proc.ended(self._lines(fd, self.proc.exit_mark) if fd >= 0 else None)
+
+    def _lines(self, fd: int, mark: bytes | None) -> int | None:
+        """The rank's output, line by line, from its first (the pid) to its end; the exit code
+        that a mark line carried (a worker's server ends the output with one)."""
         pending = b""
         prefix: str | None = None
+        held_blank = False  # a blank line may be the one the mark's line starts with
         while True:
             try:
                 chunk = os.read(fd, 65536)
-            except OSError:
-                break
+            except OSError as exc:
+                self.proc.error = self.proc.error or f"connection lost: {exc.strerror or exc}"
+                chunk = b""
             if not chunk:
                 break
             pending += chunk
@@ -198,18 +153,29 @@ class Rank:
                     continue
                 first, pending = pending.split(b"\n", 1)
                 if not first.startswith(PID_MARK):
-                    self.ssh_error += first.decode("utf-8", "replace")
+                    self.proc.error += first.decode("utf-8", "replace")
                     continue
-                self.pid = int(first[len(PID_MARK) :].strip() or 0)
-                node = self.node
-                prefix = line_prefix(node.rank, node.name, self.pid, node.ip, self.spec.num_nodes, self.spec.task_name)
-                self.emitter.event(StartEvent(self.rank, self.pid, self.phase))
+                prefix = self._started(int(first[len(PID_MARK) :].strip() or 0))
             *lines, pending = pending.split(b"\n")
             for raw in lines:
+                if mark is not None and raw.startswith(mark):
+                    return int(raw[len(mark) :] or 255)
+                if held_blank:
+                    self._emit(b"", prefix)
+                held_blank = mark is not None and not raw
+                if not held_blank:
+                    self._emit(raw, prefix)
+        if prefix is not None:
+            for raw in [b""] * held_blank + [pending] * bool(pending):
                 self._emit(raw, prefix)
-        if pending and prefix is not None:
-            self._emit(pending, prefix)
-        os.close(fd)
+        return None
+
+    def _started(self, pid: int) -> str:
+        """The rank's supervisor said its pid: the prefix of its lines from now on."""
+        self.pid = pid
+        node = self.node
+        self.emitter.event(StartEvent(self.rank, self.pid, self.phase))
+        return line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name)
 
     def _emit(self, raw: bytes, prefix: str) -> None:
         text = raw.decode("utf-8", "replace")
@@ -221,10 +187,8 @@ class Rank:
         self.proc.close_stdin()
 
     def wait(self) -> int:
-        code = self.proc.wait()
         self.reader.join()
-        if self.rank:
-            self.err_reader.join(2)
+        code = self.proc.wait()
         self.code = 128 - code if code < 0 else code
         return self.code
 
@@ -235,9 +199,10 @@ class Rank:
     def failure(self, phase: str) -> tuple[int, str]:
         """The run's exit code and the one line that says that this rank failed, and how."""
         code = self.code if self.code is not None else 1
-        reason = self.ssh_error.strip().splitlines()[-1] if self.ssh_error.strip() else "no output from ssh"
+        said = self.proc.error.strip()
+        reason = said.splitlines()[-1] if said else "no output from ssh"
         if self.rank and self.code == 255 and not self.pid:
-            return code, f"{phase} failed: {self.describe()} could not be reached from the head over SSH: {reason}"
+            return code, f"{phase} failed: {self.describe()} could not be reached from the head: {reason}"
         if self.rank and self.code == 255:
-            return code, f"{phase} failed: lost the SSH connection to {self.describe()} ({reason})"
+            return code, f"{phase} failed: lost the connection to {self.describe()} ({reason})"
         return code, f"{phase} failed on {self.describe()} with exit code {self.code}"

@@ -21,6 +21,9 @@ import os
 #: The agent's zipapp as a node's home holds it (``~/.sky/agent.pyz``) and as a command line
 #: names it: the leftover check tells an agent process by it.
 AGENT_BUNDLE = "agent.pyz"
+#: Where a node's agent server keeps its pid, under the node's home: the leftover check
+#: leaves that process alone (every other agent process is a job's leftover).
+AGENT_PID_FILE = ".sky/agent.pid"
 #: ``$0`` of a rank supervisor (``bash -c SUPERVISOR psky-rank PROGRAM``): the leftover check
 #: tells a supervisor by it.
 RANK_ARGV0 = "psky-rank"
@@ -41,7 +44,17 @@ POD_RANK_VAR = "PSKY_RANK"
 #: What the node probe prints before each command or module a node lacks.
 MISSING_MARK = "MISSING"
 #: Every name above: what the scripts may spell.
-MARKERS = (POD_RANK_VAR, AGENT_BUNDLE, RANK_ARGV0, RUN_ARGV0, PID_MARK, JOB_SCOPE_VAR, JOB_SCOPE_PREFIX, CGROUP_PREFIX)
+MARKERS = (
+    POD_RANK_VAR,
+    AGENT_BUNDLE,
+    AGENT_PID_FILE,
+    RANK_ARGV0,
+    RUN_ARGV0,
+    PID_MARK,
+    JOB_SCOPE_VAR,
+    JOB_SCOPE_PREFIX,
+    CGROUP_PREFIX,
+)
 
 #: The scripts, by file name.
 RANK_SUPERVISOR = "rank_supervisor.sh"

@@ -6,8 +6,8 @@
 # "Of a job" is the account the rank supervisor keeps (rank_supervisor.sh): a process
 # carrying a job's PSKY_JOB_SCOPE token, a process in a psky-job-* cgroup, a rank
 # supervisor (psky-rank) or an agent process (agent.pyz), the check's own (its token, its
-# cgroup, its ancestors) aside.  sshd and the head's SSH masters to the workers are the
-# cluster's own and stay.
+# cgroup, its ancestors) aside.  sshd, the node's agent server and the head's SSH masters
+# to the workers are the cluster's own and stay.
 #
 # The names shared with Python are pytest_sky.shell's constants; tests/test_shell.py checks
 # the spelling here.
@@ -15,6 +15,10 @@ me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r=''
 while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
 mine=" " p=$$
 while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:\s*//p' "/proc/$p/status" 2>/dev/null); done
+# The node's agent server is the cluster's own, as sshd is (its forks for other runs are not).
+server=''
+[ ! -r ~/.sky/agent.pid ] || read -r server <~/.sky/agent.pid
+mine="$mine$server "
 leftovers() {
   pids='' groups=''
   for d in /proc/[0-9]*; do

@@ -1,7 +1,8 @@
 #!/bin/bash
-# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM, run by the
-# agent on the head (pytest_sky/agent/rank.py) locally for rank 0 and over head-to-worker
-# SSH for the others.  A Python supervisor cost ~30 ms of interpreter start per node per
+# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM [MARK], run by
+# the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for the others by
+# their node's agent server (pytest_sky/agent/server.py, which passes MARK) or over
+# head-to-worker SSH.  A Python supervisor cost ~30 ms of interpreter start per node per
 # run, this costs ~3.
 #
 # PROGRAM runs in a session of its own, which prints its pid before anything else, even
@@ -69,4 +70,7 @@ else
 fi
 [ -z "$cg" ] || rmdir "$cg"
 } >/dev/null 2>&1
+# Started by a worker's agent server, which has no exit status to pass on: the output ends
+# with the mark it was given, then the status (every process of the job is gone by now).
+[ -z "$2" ] || printf '\n%s %s\n' "$2" "$((code & 255))"
 exit "$code"

@@ -15,6 +15,7 @@ from pytest_sky.backends.netns.output import await_line
 from pytest_sky.backends.netns.preflight import fault_tools
 from pytest_sky.backends.netns.reap import child_pid, kill_and_wait
 from pytest_sky.errors import SkyError
+from pytest_sky.protocol import AGENT_PORT
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,6 +53,11 @@ class LinkFaults:
     jitter_ms: float = 0.0
 
 
+#: The harness's control path from the head to each worker, which partitions keep: SSH, and
+#: the workers' agent servers (what the head starts and collects each rank through).
+CONTROL_PORTS = (22, AGENT_PORT)
+
+
 def iptables_rules(faults: LinkFaults, *, netem: bool) -> str:
     """``iptables-restore --noflush`` input that makes the node's fault chains ``faults``
     (declaring a chain flushes it: the previous state goes).  Delay without netem sends every
@@ -66,12 +72,13 @@ def iptables_rules(faults: LinkFaults, *, netem: bool) -> str:
         p = f"{faults.loss_pct / 100:.6f}"
         lines += [f"-A {chain} -m statistic --mode random --probability {p} -j DROP" for chain in FAULT_CHAINS]
     for peer in faults.blocked:
-        if faults.is_head:  # the head's SSH to its workers
-            lines.append(f"-A PSKY-OUT -d {peer} -p tcp --dport 22 -j RETURN")
-            lines.append(f"-A PSKY-IN -s {peer} -p tcp --sport 22 -j RETURN")
-        elif peer == faults.head_ip:  # the head's SSH to this worker
-            lines.append(f"-A PSKY-IN -s {peer} -p tcp --dport 22 -j RETURN")
-            lines.append(f"-A PSKY-OUT -d {peer} -p tcp --sport 22 -j RETURN")
+        for port in CONTROL_PORTS:
+            if faults.is_head:  # the head's SSH and agent connections to its workers
+                lines.append(f"-A PSKY-OUT -d {peer} -p tcp --dport {port} -j RETURN")
+                lines.append(f"-A PSKY-IN -s {peer} -p tcp --sport {port} -j RETURN")
+            elif peer == faults.head_ip:  # the head's SSH and agent connections to this worker
+                lines.append(f"-A PSKY-IN -s {peer} -p tcp --dport {port} -j RETURN")
+                lines.append(f"-A PSKY-OUT -d {peer} -p tcp --sport {port} -j RETURN")
         lines.append(f"-A PSKY-IN -s {peer} -j DROP")
         lines.append(f"-A PSKY-OUT -d {peer} -j DROP")
     return "\n".join([*lines, "COMMIT", ""])

@@ -1,0 +1,123 @@
+"""Each node's agent server: what a run goes through once the first has started them.
+
+The first run on a cluster execs the agent on the head, which starts the head's server
+(``pytest_sky.agent.server``), and reaches each worker over ssh; the second, a fork of the
+head's server, starts the workers' on its way; from the third on, every rank is a fork of its
+node's server.  What a user notices: the same output, exit codes and
+failures either way, a server that only a holder of the cluster key may use, and a run that
+still works when a server is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky.protocol import AGENT_PORT, GREETING, door_answer, door_secret
+from tests.plugin_helpers import needs_local_backend
+
+pytestmark = needs_local_backend
+
+# Every ancestor of the rank's shell, up to pid 1; then whether the node's server is one.
+SERVED = (
+    'p=$$ chain=\' \'; while [ "$p" -gt 1 ]; do chain="$chain$p "; '
+    "p=$(sed -n 's/^PPid:\\s*//p' /proc/$p/status); done; "
+    "server=$(cat ~/.sky/agent.pid 2>/dev/null); "
+    'case "$chain" in *" $server "*) echo served ;; *) echo not-served ;; esac'
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(module_home: Path) -> Iterator[pytest_sky.Cluster]:
+    with pytest_sky.launch(num_nodes=3, name=f"served-{os.getpid() % 10000}") as c:
+        yield c
+
+
+def test_from_the_third_run_every_rank_runs_under_its_node_server(module_home: Path) -> None:
+    with pytest_sky.launch(num_nodes=3, name=f"fresh-{os.getpid() % 10000}") as cluster:
+        first = cluster.run(SERVED)
+        assert [r.stdout for r in first.ranks] == ["not-served\n"] * 3, first.output  # an exec, then ssh
+        second = cluster.run(SERVED)
+        assert [r.stdout for r in second.ranks] == ["served\n"] + ["not-served\n"] * 2, second.output
+        res = cluster.run(SERVED)
+        assert res.returncode == 0, res.output
+        assert [r.stdout for r in res.ranks] == ["served\n"] * 3, res.output
+        # Not the environment of the session that started the server: no stale SSH_CONNECTION.
+        env = cluster.run('echo "${SSH_CONNECTION:-none}"')
+        assert [r.stdout for r in env.ranks] == ["none\n"] * 3, env.output
+
+
+def test_a_served_rank_keeps_its_output_byte_for_byte_and_its_exit_code(cluster) -> None:
+    cluster.run("true")
+    cluster.run("true")
+    # Trailing blank lines, a last line without a break, and a line that looks like the end
+    # mark: none of them ends the rank early or loses a line.
+    res = cluster.run(
+        '[ "$SKYPILOT_NODE_RANK" = 1 ] && printf "a\\n\\n\\n"; '
+        '[ "$SKYPILOT_NODE_RANK" = 2 ] && { echo "PSKY-EXIT 0"; echo ""; printf "tail"; }; true'
+    )
+    assert res.returncode == 0, res.output
+    assert [r.stdout for r in res.ranks[1:]] == ["a\n\n\n", "PSKY-EXIT 0\n\ntail\n"]
+    failed = cluster.run('[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 3; true')
+    assert failed.ranks[1].returncode == 3
+    assert failed.returncode == 3 and "rank 1" in (failed.error or ""), failed.error
+
+
+def _ask(ip: str, answer: Callable[[bytes], bytes]) -> bytes:
+    """What a node's server sends after its greeting, given ``answer(greeting)``, until it
+    closes (the lifeline stays open: a rank runs to its end)."""
+    with socket.create_connection((ip, AGENT_PORT), timeout=10) as sock:
+        greeting = sock.recv(256)
+        assert greeting.startswith(GREETING)
+        sock.sendall(answer(greeting))
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except ConnectionResetError:  # closed with our bytes unread: refused
+            pass
+        return out
+
+
+def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, module_home: Path) -> None:
+    cluster.run("true")
+    secret = door_secret((module_home / "clusters" / cluster.name / "id_ed25519").read_bytes())
+    worker = cluster.node_ips[1]
+    program = b"echo ran"
+    wrong = _ask(worker, lambda _: b"0" * 64 + b" rank m %d\n" % len(program) + program)
+    assert wrong == b""  # closed at once, nothing run
+    right = _ask(worker, lambda g: door_answer(secret, g, f"rank m {len(program)}") + program)
+    assert b"\nran\n" in right and right.rstrip().endswith(b"PSKY-EXIT m 0"), right
+
+
+def test_a_run_goes_the_old_way_when_a_server_is_gone(cluster) -> None:
+    cluster.run("true")
+    kill = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] && exit 0; kill "$(cat ~/.sky/agent.pid)"')
+    assert kill.returncode == 0, kill.output
+    again = cluster.run("hostname")  # the workers refuse: over ssh, which starts new servers
+    assert again.returncode == 0, again.output
+    assert [r.stdout.strip() for r in again.ranks] == [f"{cluster.name}-{n}" for n in ("head", "worker1", "worker2")]
+    res = cluster.run(SERVED)
+    assert [r.stdout for r in res.ranks] == ["served\n"] * 3, res.output
+
+
+def test_a_worker_whose_server_port_is_silent_gets_its_ranks_over_ssh(module_home: Path) -> None:
+    """A network policy that lets only SSH through between pods: the run still reaches every
+    rank (after one wait for the silent port), and later runs go straight to ssh."""
+    name = f"filtered-{os.getpid() % 10000}"
+    with pytest_sky.launch(num_nodes=2, name=name, capabilities=("NET_ADMIN",)) as cluster:
+        for _ in range(2):
+            assert cluster.run("true").returncode == 0  # the worker's server is up
+        drop = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] || iptables -A INPUT -p tcp --dport 7022 -j DROP')
+        assert drop.returncode == 0, drop.output
+        for _ in range(2):
+            res = cluster.run(SERVED)
+            assert res.returncode == 0, res.output
+            assert [r.stdout for r in res.ranks] == ["served\n", "not-served\n"], res.output
+        remembered = cluster.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || ls ~/.sky/agent-filtered')
+        assert remembered.ranks[0].stdout == f"{cluster.node_ips[1]}\n", remembered.output
