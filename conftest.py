@@ -25,13 +25,6 @@ if "PYTEST_SKY_HOME" not in os.environ:
 else:
     _OWN_HOME = ""
 
-# The pytest runs that the tests start (pytester's, the interrupt and xdist tests') read no
-# pyproject of ours: pass on its "no hydra, no anyio" (each cost an inner run ~0.6 s of CPU,
-# sixty-odd inner runs a suite).
-_UNUSED_PLUGINS = "-p no:hydra_pytest -p no:anyio"
-if _UNUSED_PLUGINS not in os.environ.get("PYTEST_ADDOPTS", ""):
-    os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {_UNUSED_PLUGINS}".strip()
-
 
 def leaked_resources(scopes: list[str]) -> list[str]:
     """Links and node processes of ours that belong to this run: their alias or command line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,21 @@ import pytest
 
 if TYPE_CHECKING:
     from kube_emulator import Emulator
+
+#: What every pytest run that a test starts goes without, as pyproject.toml says for this one:
+#: hydra's and anyio's plugins (installed with NeMo, never used here) cost each run ~0.6 s of
+#: CPU, and a suite starts sixty-odd.  The runs read no pyproject of ours, so it goes through
+#: the environment: set here for plain subprocesses, and again for pytester's runs (pytester
+#: clears PYTEST_ADDOPTS).
+LEAN_INNER_RUNS = "-p no:hydra_pytest -p no:anyio"
+os.environ["PYTEST_ADDOPTS"] = LEAN_INNER_RUNS
+
+
+@pytest.fixture(autouse=True)
+def _lean_inner_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+        monkeypatch.setenv("PYTEST_ADDOPTS", LEAN_INNER_RUNS)
 
 
 @pytest.fixture
@@ -105,13 +121,12 @@ def inner_sky_home(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
     Afterwards, any cluster still recorded there (a failed assertion before cleanup) is removed,
     so a failing test never leaks namespace nodes onto the machine.
     """
-    import os
-
     import pytest_sky
 
     for key in list(os.environ):
-        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) or key == "PYTEST_ADDOPTS":
+        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")):
             monkeypatch.delenv(key)
+    monkeypatch.setenv("PYTEST_ADDOPTS", LEAN_INNER_RUNS)
     home = pytester.path.resolve() / "skyhome"
     out = pytester.path / "out"
     out.mkdir()

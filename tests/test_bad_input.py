@@ -214,7 +214,7 @@ def test_marker_arguments(
     marker: str, expect: str, pytester: pytest.Pytester, sky_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for key in list(os.environ):
-        if key.startswith("PYTEST_XDIST_") or key == "PYTEST_ADDOPTS":
+        if key.startswith("PYTEST_XDIST_"):
             monkeypatch.delenv(key)
     pytester.makepyfile(
         f"""

@@ -274,7 +274,7 @@ def test_a_failing_test_report_does_not_show_the_key(pytester: pytest.Pytester, 
     home = tmp_path / "skyhome"
     monkeypatch.setenv("PYTEST_SKY_HOME", str(home))
     for key in list(os.environ):
-        if (key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) and key != "PYTEST_SKY_HOME") or key == "PYTEST_ADDOPTS":
+        if key.startswith(("PYTEST_SKY_", "PYTEST_XDIST_")) and key != "PYTEST_SKY_HOME":
             monkeypatch.delenv(key)
     keep = tmp_path / "key.txt"
     monkeypatch.setenv("SEC_KEY_COPY", str(keep))
