@@ -94,6 +94,11 @@ class Cluster:
         return self._record.backend
 
     @property
+    def cloud_label(self) -> str:
+        """Where the nodes run, as SkyPilot names a cloud ("Local", "Kubernetes")."""
+        return self._backend.cloud_label
+
+    @property
     def resources_label(self) -> str:
         return self._record.resources_label
 

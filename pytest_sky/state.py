@@ -47,6 +47,11 @@ class ClusterStatus(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def sky_word(self) -> str:
+        """What ``sky status`` shows for it (SkyPilot says INIT until a cluster is up)."""
+        return "INIT" if self is ClusterStatus.PROVISIONING else self.value
+
 
 @dataclass(frozen=True)
 class ClusterResources:

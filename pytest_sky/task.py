@@ -399,6 +399,7 @@ class Task:
         envs: Mapping[str, object] | None = None,
         resources: Resources | None = None,
         secrets: Mapping[str, object] | None = None,
+        name: str | None = None,
     ) -> Task:
         """A copy with some settings replaced, e.g. by a pytest marker or the command line.
 
@@ -416,7 +417,7 @@ class Task:
             num_nodes=self.num_nodes if num_nodes is None else num_nodes,
             envs=merged_envs,
             resources=merged_resources,
-            name=self.name,
+            name=self.name if name is None else name,
             workdir=self.workdir,
             file_mounts=self.file_mounts,
             secrets=merged_secrets,

@@ -41,11 +41,11 @@ def test_launch_streams_prefixed_output_and_reports_progress(home: Path):
     name = f"clil{os.getpid() % 10000}"
     try:
         res = sky(home, "launch", "-c", name, "--num-nodes", "2", "--", "echo rank $SKYPILOT_NODE_RANK", check_rc=0)
-        lines = res.stdout.splitlines()
+        lines = [line for line in res.stdout.splitlines() if line.startswith("(")]
         assert len(lines) == 2 and any(line.endswith(") rank 0") for line in lines), res.stdout
         assert "nodes ready 2/2" in res.stderr and f"{name} is up" in res.stderr
-        # Same name, same shape: reused; the run's exit code is the command's.
-        again = sky(home, "launch", "-c", name, "--num-nodes", "2", "--", "exit 3", check_rc=3)
+        # Same name, same shape: reused; a failed job exits 100, as sky's does, and says how.
+        again = sky(home, "launch", "-c", name, "--num-nodes", "2", "--", "exit 3", check_rc=100)
         assert f"reusing {name}" in again.stderr and "exit code 3" in again.stderr
         other = sky(home, "launch", "-c", name, "--num-nodes", "3", "--", "true", check_rc=2)
         assert other.stderr.count("\n") == 1 and "different resources" in other.stderr
@@ -62,12 +62,13 @@ def test_status_queue_logs_cancel(home: Path, dev: str):
 
     sky(home, "exec", dev, "--", "echo from-$SKYPILOT_NODE_RANK", check_rc=0)
     detached = sky(home, "exec", dev, "-d", "--", "sleep 60", check_rc=0)
-    assert "job 2 submitted" in detached.stdout
+    assert "Job submitted, ID: 2" in detached.stdout
     queue = sky(home, "queue", dev, check_rc=0).stdout
     assert "SUCCEEDED" in queue and "RUNNING" in queue
-    logs = sky(home, "logs", dev, "1", check_rc=0).stdout
-    assert sorted(line.split(") ")[1] for line in logs.splitlines()) == ["from-0", "from-1"]
-    assert "job 2: CANCELLED" in sky(home, "cancel", dev, "2", check_rc=0).stdout
+    logs = sky(home, "logs", dev, "1", check_rc=0).stdout.splitlines()
+    assert sorted(line.split(") ")[1] for line in logs if line.startswith("(")) == ["from-0", "from-1"]
+    assert logs[-1] == "Job finished (status: SUCCEEDED)."
+    assert "Cancelled job ID(s): 2" in sky(home, "cancel", dev, "2", check_rc=0).stdout
     assert "CANCELLED" in sky(home, "queue", dev, check_rc=0).stdout
 
 
@@ -148,6 +149,7 @@ def test_ctrl_c_during_a_streamed_run_leaves_the_job_running(home: Path, dev: st
         text=True,
     )
     assert proc.stdout is not None
+    assert proc.stdout.readline() == "Job submitted, ID: 1\n"
     line = proc.stdout.readline()  # the job is running once a rank has printed
     assert "started" in line
     proc.send_signal(signal.SIGINT)
@@ -268,7 +270,7 @@ def test_a_tasks_infra_yields_to_the_command_line_with_a_note(home: Path, tmp_pa
     task.write_text("resources:\n  infra: kubernetes\n  image_id: docker:python:3.11-slim\nrun: echo ran here\n")
     try:
         res = sky(home, "launch", "-c", name, "--backend", "local", str(task), check_rc=0)
-        assert res.stdout.endswith(") ran here\n"), res.stdout
+        assert res.stdout.endswith(") ran here\nJob finished (status: SUCCEEDED).\n"), res.stdout
         notes = [line for line in res.stderr.splitlines() if "note:" in line]
         assert notes == [
             "pytest-sky: note: the task asks for infra kubernetes; it runs on local, as --backend says",
@@ -303,7 +305,7 @@ def test_env_env_file_and_secret_options_reach_the_task(home: Path, tmp_path: Pa
             'echo "$FROM_FILE $BOTH $PSKY_FROM_SHELL ${#TOKEN}"',
             check_rc=0,
         )
-        assert res.stdout.endswith(") file option shell 9\n"), res.stdout
+        assert res.stdout.endswith(") file option shell 9\nJob finished (status: SUCCEEDED).\n"), res.stdout
         assert "t0ps3cret" not in res.stdout + res.stderr
         missing = sky(home, "exec", name, "--env", "PSKY_NOT_SET_ANYWHERE", "--", "true", check_rc=2)
         assert missing.stderr.strip() == (
@@ -313,3 +315,35 @@ def test_env_env_file_and_secret_options_reach_the_task(home: Path, tmp_path: Pa
     finally:
         os.environ.pop("PSKY_FROM_SHELL", None)
         sky(home, "down", name)
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "expected"),
+    [
+        (["exec", "dev", "-d", "sleep 5"], "task", ["sleep 5"]),
+        (["exec", "dev", "--env", "A=1", "echo $A"], "task", ["echo $A"]),
+        (["exec", "dev", "-n", "job", "-d", "echo", "hi"], "task", ["echo", "hi"]),
+        (["logs", "dev", "-f", "3"], "job", 3),
+        (["logs", "dev", "--status", "2"], "job", 2),
+        (["cancel", "-y", "dev", "1", "2"], "jobs", [1, 2]),
+        (["cancel", "dev", "-y", "1", "2"], "jobs", [1, 2]),
+        (["status", "-r", "a", "b"], "names", ["a", "b"]),
+    ],
+)
+def test_options_may_come_between_a_commands_words(argv: list[str], field: str, expected: object) -> None:
+    """As sky takes them: argparse alone calls the words after the option unrecognized."""
+    from pytest_sky.cli import _parse, build_parser
+
+    assert getattr(_parse(build_parser(), argv), field) == expected
+
+
+@pytest.mark.parametrize(
+    "argv", [["logs", "dev", "1", "-f", "2"], ["logs", "dev", "-f", "x"], ["queue", "dev", "-u", "extra"]]
+)
+def test_words_with_nowhere_to_go_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_sky.cli import _parse, build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        _parse(build_parser(), argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1

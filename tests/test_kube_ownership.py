@@ -224,7 +224,7 @@ def test_down_purge_forgets_records_whose_api_server_is_gone(home: Path, tmp_pat
     run = sky(home, kept, "down", "--all", "--purge")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "k8s-gone-b: purged" in run.stdout and "no Kubernetes configuration" in run.stderr
-    assert sky(home, kept, "status").stdout.strip() == "no clusters"
+    assert sky(home, kept, "status").stdout.strip() == "No existing clusters."
 
 
 def test_a_record_from_before_launch_ids_is_torn_down_by_name_and_label(home: Path, emu: Emulator):

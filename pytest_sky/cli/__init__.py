@@ -69,6 +69,15 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_name_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-n",
+        "--name",
+        metavar="NAME",
+        help="the task's name (over the YAML's; a command's is sky-cmd), in the queue and the log prefix",
+    )
+
+
 def _add_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
     p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
@@ -116,29 +125,35 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
         return p
 
+    _add_run_commands(add)
     _add_job_commands(add)
     _add_node_commands(add)
     _add_fault_command(add)
     return parser
 
 
-def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
-    """launch, exec, status, queue, logs, cancel: clusters and the jobs on them."""
+def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """launch, exec: a task onto a cluster."""
     p = add(
         "launch",
         "provision a cluster (or reuse one of that name) and run a task or command on it",
         "  pytest-sky launch -c dev --num-nodes 2\n"
         "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_RANK'\n"
         "  pytest-sky launch -c train examples/torch_allreduce/task.yaml\n"
-        "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting",
+        "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting\n"
+        "  pytest-sky launch -y -c dev -n hello 'echo hi'   # sky's form: exit 100 if the job fails",
     )
     p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
+    _add_name_option(p)
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: sky's flag, kept for scripts)")
     p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="number of nodes (default: the task's, or 1)")
     p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
     p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
     _add_cluster_options(p)
-    p.add_argument("-d", "--detach", action="store_true", help="submit the task and return")
+    p.add_argument(
+        "-d", "--detach", "--detach-run", dest="detach", action="store_true", help="submit the task and return"
+    )
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
     p.set_defaults(func=cmd_launch)
@@ -146,16 +161,29 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p = add(
         "exec",
         "run a task or command on an existing cluster (a new job)",
-        "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'",
+        "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'\n"
+        "  pytest-sky exec dev -n job-1 -d 'sleep 60'   # options anywhere, as sky takes them",
     )
     p.add_argument("cluster", metavar="NAME")
-    p.add_argument("-d", "--detach", action="store_true", help="submit and return")
+    _add_name_option(p)
+    p.add_argument("-d", "--detach", "--detach-run", dest="detach", action="store_true", help="submit and return")
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
     p.set_defaults(func=cmd_exec)
 
-    p = add("status", "list clusters", "  pytest-sky status\n  pytest-sky status --json")
+
+def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """status, queue, logs, cancel: clusters and the jobs on them."""
+    p = add(
+        "status",
+        "list clusters (those named, or all)",
+        "  pytest-sky status\n  pytest-sky status --json\n  pytest-sky status -r dev   # sky's form",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these clusters")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-r", "--refresh", action="store_true", help="sky's flag: records are always read fresh here")
+    p.add_argument("-u", "--all-users", action="store_true", help="sky's flag: one user owns the state directory")
+    p.add_argument("-v", "--verbose", action="store_true", help="sky's flag: the table is already in full")
     p.set_defaults(func=cmd_status)
 
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
@@ -164,18 +192,28 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
 
     p = add(
         "logs",
-        "show a job's log (the latest job by default)",
-        "  pytest-sky logs dev\n  pytest-sky logs dev 3 --follow",
+        "show a job's log (the latest job by default), followed until it ends; exits 100 if it failed",
+        "  pytest-sky logs dev\n  pytest-sky logs dev 3 --no-follow\n"
+        "  pytest-sky logs dev 3 --status   # 'Job 3: SUCCEEDED'\n"
+        "  exit codes: 0 succeeded, 100 failed, 101 not finished, 102 no such job, 103 cancelled",
     )
     p.add_argument("cluster", metavar="NAME")
     p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
-    p.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
+    p.add_argument(
+        "-f", "--follow", action=argparse.BooleanOptionalAction, default=True, help="stream until the job ends"
+    )
+    p.add_argument("--status", action="store_true", help="print the job's status only; the exit code says it too")
     p.set_defaults(func=cmd_logs)
 
-    p = add("cancel", "stop a job on every node", "  pytest-sky cancel dev 3\n  pytest-sky cancel dev --all")
+    p = add(
+        "cancel",
+        "stop jobs on every node (the latest running one if none is named)",
+        "  pytest-sky cancel dev 3\n  pytest-sky cancel -y dev 1 2 3\n  pytest-sky cancel dev --all",
+    )
     p.add_argument("cluster", metavar="NAME")
-    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
-    p.add_argument("--all", action="store_true", help="every pending or running job")
+    p.add_argument("jobs", nargs="*", type=_positive_int, metavar="JOB")
+    p.add_argument("-a", "--all", action="store_true", help="every pending or running job")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: sky's flag, kept for scripts)")
     p.set_defaults(func=cmd_cancel)
 
 
@@ -204,7 +242,7 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
         "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones",
     )
     p.add_argument("names", nargs="*", metavar="NAME")
-    p.add_argument("--all", action="store_true", help="every cluster in the state directory")
+    p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
     p.add_argument(
         "--purge",
         action="store_true",
@@ -260,6 +298,46 @@ def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.set_defaults(func=cmd_fault)
 
 
+#: Each command's last positional, where words that follow an option go.  argparse fills a
+#: command's positionals in one go at the first of them, so in `exec dev -d 'sleep 5'` (or
+#: `logs dev -f 3`) the words after the option would be "unrecognized"; sky takes options
+#: anywhere.
+_TRAILING = {
+    "launch": "task",
+    "exec": "task",
+    "logs": "job",
+    "cancel": "jobs",
+    "ssh": "node",
+    "down": "names",
+    "status": "names",
+}
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, with options allowed between a command's positionals."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    dest = _TRAILING.get(getattr(args, "subcommand", None) or "")
+    if dest is None or any(word.startswith("-") for word in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    current = getattr(args, dest)
+    if not isinstance(current, list) and (current is not None or len(extra) > 1):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    action = next(a for a in _subparser(parser, args.subcommand)._actions if a.dest == dest)
+    try:
+        values = [action.type(word) if callable(action.type) else word for word in extra]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument {action.metavar}: {exc}")
+    setattr(args, dest, current + values if isinstance(current, list) else values[0])
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -268,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `... -- COMMAND...`: the command is the nodes', never ours to parse (options included).
         cut = argv.index("--")
         argv, remote = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if remote is not None:
         if getattr(args, "subcommand", None) == "ssh":
             args.command = remote

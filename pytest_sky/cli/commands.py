@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, naming
+from pytest_sky.cli import job_report
+from pytest_sky.cli.job_report import JobExitCode
 from pytest_sky.errors import CommandFailedError, SkyError
 from pytest_sky.protocol import LIVE, JobStatus
 
@@ -38,11 +40,17 @@ def _age(created: float) -> str:
     return f"{seconds}s"
 
 
-def _task_from_args(task_args: list[str], num_nodes: int | None = None):
-    """A YAML path, a command after ``--``, or one quoted command string -> Task (or None)."""
+def _task_from_args(task_args: list[str], num_nodes: int | None = None, name: str | None = None):
+    """A YAML path, a command after ``--``, or one quoted command string -> Task (or None).
+    A command's task is named ``sky-cmd``, as ``sky`` names it; ``name`` (``-n``) wins."""
     from pytest_sky.task import as_task
 
-    return as_task(" ".join(task_args), num_nodes or 1) if task_args else None
+    if not task_args:
+        return None
+    task = as_task(" ".join(task_args), num_nodes or 1)
+    if name is None and task.source is None and not task.name:
+        name = job_report.COMMAND_TASK_NAME
+    return task if name is None else task.with_overrides(name=name)
 
 
 def _resources(args: argparse.Namespace):
@@ -58,7 +66,8 @@ def _cluster(name: str):
 
 
 def _follow(cluster, job) -> int:
-    """Stream a job's log; Ctrl-C stops following, never the job."""
+    """Stream a job's log until it ends; its exit code as ``sky``'s (100: failed).  Ctrl-C
+    stops following, never the job."""
     try:
         for line in job.logs(follow=True):
             print(line, flush=True)
@@ -70,12 +79,12 @@ def _follow(cluster, job) -> int:
             f"`pytest-sky cancel {cluster.name} {job.id}`"
         )
         return EXIT_INTERRUPTED
-    result = job.result()
-    if result is not None and result.error:
-        console.error(f"job {job.id}: {result.error}")
-    if result is not None:
-        return result.returncode
-    return 0 if status == JobStatus.SUCCEEDED else 1
+    print(job_report.finished(status), flush=True)
+    if status not in LIVE and status != JobStatus.SUCCEEDED:
+        result = job.result()
+        if result is not None and result.error:
+            console.error(f"job {job.id}: {result.error}")
+    return JobExitCode.of(status)
 
 
 def _pairs(items: list[str], option: str) -> dict[str, str]:
@@ -125,8 +134,8 @@ def _with_env_options(task, args: argparse.Namespace):
 def _run_task(cluster, task, detach: bool) -> int:
     console.progress(f"submitting {'setup and run' if task.setup else 'run'} to {cluster.name}")
     job = cluster.submit(task)
+    print(job_report.submitted(job.id), flush=True)
     if detach:
-        print(f"job {job.id} submitted to {cluster.name}")
         console.hint(f"follow: pytest-sky logs {cluster.name} {job.id} --follow")
         return 0
     return _follow(cluster, job)
@@ -140,7 +149,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky.state import ClusterResources, StateStore
 
     chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
-    task, num_nodes, requested = plan_launch(_task_from_args(args.task), args.num_nodes or None, _resources(args))
+    task, num_nodes, requested = plan_launch(
+        _task_from_args(args.task, name=args.name), args.num_nodes or None, _resources(args)
+    )
     backend = chosen.for_task(requested)[0].backend
     store = StateStore()
     existing = store.load(args.cluster)
@@ -179,8 +190,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             console.error(f"interrupted while launching {args.cluster}: removed what was created")
             return EXIT_INTERRUPTED
+        print(job_report.launching(cluster.cloud_label), flush=True)
+        print(job_report.is_up(cluster.name, cluster.num_nodes, cluster.node_ips[0]), flush=True)
     if task is None:
-        print(f"{cluster.name} is up: {cluster.num_nodes} node(s), head {cluster.node_ips[0]}")
         console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
         return 0
     return _run_task(cluster, _with_env_options(task, args), args.detach)
@@ -188,19 +200,28 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_exec(args: argparse.Namespace) -> int:
     cluster = _cluster(args.cluster)
-    task = _task_from_args(args.task, num_nodes=cluster.num_nodes)
+    task = _task_from_args(args.task, num_nodes=cluster.num_nodes, name=args.name)
     if task is None:
         raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
     return _run_task(cluster, _with_env_options(task, args), args.detach)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Every cluster, or those named; ``-r``, ``-u`` and ``-v`` are sky's and change nothing
+    here (every record is read fresh, and one user owns the state directory)."""
     from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
+    records = StateStore().records()
+    missing = [n for n in args.names if n not in {r.name for r in records}]
+    for name in missing:
+        print(f"Cluster {name!r} not found.")
     rows = []
-    for r in StateStore().records():
-        status = r.status if (r.keep or owner_alive(r)) else f"{r.status} (owner gone)"
+    for r in records:
+        if args.names and r.name not in args.names:
+            continue
+        word = r.status.sky_word if not args.json else str(r.status)
+        status = word if (r.keep or owner_alive(r)) else f"{word} (owner gone)"
         rows.append(
             {
                 "name": r.name,
@@ -217,7 +238,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no clusters")
+        if not missing:
+            print("No existing clusters.")
         return 0
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
     console.table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
@@ -242,35 +264,64 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """A job's log (the latest job's by default), followed until it ends unless
+    ``--no-follow``; or, with ``--status``, one line ``Job N: STATUS``.  Exits as ``sky logs``
+    does: 0 succeeded, 100 failed, 101 not finished (``--status`` only), 102 no such job,
+    103 cancelled."""
+    from pytest_sky.errors import RunError
+
     cluster = _cluster(args.cluster)
     job_id = args.job
     if job_id is None:
         jobs = cluster.queue()
         if not jobs:
-            raise UsageError(f"no jobs on {cluster.name} yet")
+            print(f"No job found on cluster {cluster.name!r}.")
+            return JobExitCode.NOT_FOUND
         job_id = jobs[-1]["id"]
     job = cluster.job(job_id)
-    job.info()  # an unknown job id is a one-line error, not an empty log
+    try:
+        status = job.status
+    except RunError:
+        console.error(f"Job {job_id} not found on cluster {cluster.name!r}")
+        return JobExitCode.NOT_FOUND
+    if args.status:
+        print(job_report.status_line(job_id, status))
+        return JobExitCode.of(status)
     if args.follow:
         return _follow(cluster, job)
     sys.stdout.write(job.logs())
-    return 0
+    code = JobExitCode.of(status)
+    return JobExitCode.SUCCEEDED if code == JobExitCode.NOT_FINISHED else code
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """``sky cancel`` forms: job ids, ``-a`` (every pending or running job), or none (the
+    latest running job)."""
     cluster = _cluster(args.cluster)
     if args.all:
         ids = [j["id"] for j in cluster.queue() if j["status"] in LIVE]
-    elif args.job is not None:
-        ids = [args.job]
+    elif args.jobs:
+        ids = list(args.jobs)
     else:
-        raise UsageError("name a job id or pass --all")
-    for job_id in ids:
-        status = cluster.job(job_id).cancel()
-        print(f"job {job_id}: {status}")
-    if not ids:
-        print(f"no running jobs on {cluster.name}")
+        console.note("No job IDs or --all provided; cancelling the latest running job.")
+        ids = [j["id"] for j in cluster.queue() if j["status"] == JobStatus.RUNNING][-1:]
+    done = [job_id for job_id in ids if _cancel_one(cluster, job_id)]
+    print(job_report.cancelled(done))
     return 0
+
+
+def _cancel_one(cluster, job_id: int) -> bool:
+    """Whether this cancel stopped the job (one that had ended already, or that never
+    existed, is left as it is)."""
+    from pytest_sky.errors import RunError
+
+    job = cluster.job(job_id)
+    try:
+        if job.status not in LIVE:
+            return False
+    except RunError:
+        return False
+    return job.cancel() == JobStatus.CANCELLED
 
 
 def _node_alias(cluster, node: str | None) -> str:

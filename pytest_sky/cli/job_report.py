@@ -1,0 +1,66 @@
+"""What the CLI says about a job, in SkyPilot's words: its submission, its end, its exit code.
+
+Scripts and CI written against ``sky`` grep these lines and branch on these codes (SkyPilot's
+``exceptions.JobExitCode`` and the lines of its backend and ``log_lib``), so ``pytest-sky``
+prints and returns the same: ``Job submitted, ID: 3``, ``Job finished (status: FAILED).``,
+exit 100 for a failed job.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from pytest_sky.protocol import LIVE, JobStatus
+
+#: The name of a task made from a command line (SkyPilot's ``sky-cmd``); ``-n`` overrides it.
+COMMAND_TASK_NAME = "sky-cmd"
+
+
+class JobExitCode(IntEnum):
+    """How ``launch``, ``exec`` and ``logs`` exit for a job, as ``sky`` does."""
+
+    SUCCEEDED = 0
+    FAILED = 100
+    NOT_FINISHED = 101
+    NOT_FOUND = 102
+    CANCELLED = 103
+
+    @classmethod
+    def of(cls, status: JobStatus | None) -> JobExitCode:
+        if status is None:
+            return cls.NOT_FOUND
+        if status in LIVE:
+            return cls.NOT_FINISHED
+        if status == JobStatus.SUCCEEDED:
+            return cls.SUCCEEDED
+        if status == JobStatus.CANCELLED:
+            return cls.CANCELLED
+        return cls.FAILED
+
+
+def submitted(job_id: int) -> str:
+    return f"Job submitted, ID: {job_id}"
+
+
+def finished(status: JobStatus) -> str:
+    return f"Job finished (status: {status})."
+
+
+def status_line(job_id: int, status: JobStatus) -> str:
+    """``logs --status``."""
+    return f"Job {job_id}: {status}"
+
+
+def launching(cloud_label: str) -> str:
+    return f"Launching on {cloud_label}."
+
+
+def is_up(name: str, num_nodes: int, head_ip: str) -> str:
+    """The line after :func:`launching` (sky's output has "is up." right below it)."""
+    return f"└── Cluster {name} is up. {num_nodes} node(s), head {head_ip}"
+
+
+def cancelled(ids: list[int]) -> str:
+    if not ids:
+        return "No jobs cancelled. They may be in terminal states."
+    return f"Cancelled job ID(s): {', '.join(map(str, ids))}"

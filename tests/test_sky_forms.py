@@ -1,0 +1,99 @@
+"""`sky`'s own command lines, run unchanged with ``sky() { pytest-sky "$@"; }``.
+
+SkyPilot's smoke tests are lists of shell commands that grep ``sky``'s output and check its
+exit codes; scripts and runbooks are written the same way.  Each test here is such a
+sequence, in bash, against a real local cluster: the forms, the lines and the exit codes of
+SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode``).
+
+Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
+server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
+flags, ``stop``/``start``, the resource-aware job queue, ``logs --sync-down`` and
+``--provision``, ``FAILED_SETUP``/``FAILED_DRIVER``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.plugin_helpers import needs_local_backend
+
+pytestmark = needs_local_backend
+
+CLI = str(Path(sys.executable).with_name("pytest-sky"))
+
+#: Every sequence runs under this: `sky` is pytest-sky, a failed check says which line.
+PRELUDE = """\
+set -u
+sky() { "$CLI" "$@"; }
+fail() { echo "FAILED: $*" >&2; exit 1; }
+expect_rc() { [ "$1" -eq "$2" ] || fail "exit code $1, expected $2: $3"; }
+"""
+
+
+def run_sequence(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CLI": CLI, "PYTEST_SKY_HOME": str(tmp_path / "state"), "CI": "1", "C": _name()}
+    body = PRELUDE + textwrap.dedent(script)
+    try:
+        return subprocess.run(
+            ["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240, check=False
+        )
+    finally:
+        subprocess.run([CLI, "down", "--all", "-y"], env=env, capture_output=True, timeout=120, check=False)
+
+
+def _name() -> str:
+    return f"skyf{os.getpid() % 10000}"
+
+
+def test_launch_exec_logs_exit_codes_as_sky(tmp_path: Path) -> None:
+    res = run_sequence(
+        tmp_path,
+        """
+        s=$(sky launch -y -c "$C" --num-nodes 2 "echo success-\\$SKYPILOT_NODE_RANK") || fail "launch: $s"
+        echo "$s" | grep -A 1 "Launching on" | grep -q "is up." || fail "no 'Launching on' then 'is up.': $s"
+        echo "$s" | grep -q "Job submitted, ID: 1" || fail "no submission line: $s"
+        echo "$s" | grep -q "Job finished (status: SUCCEEDED)." || fail "no finish line: $s"
+        sky logs "$C" 1 --status | grep -qx "Job 1: SUCCEEDED" || fail "logs --status of job 1"
+        sky logs "$C" 1 | grep -q "success-1" || fail "logs of job 1"
+
+        sky exec "$C" "exit 1" >/dev/null 2>&1
+        expect_rc $? 100 "exec of a failing command"
+        sky logs "$C" 2 --status | grep -q "Job 2: FAILED" || fail "logs --status of job 2"
+        sky logs "$C" 2 >/dev/null
+        expect_rc $? 100 "logs of a failed job"
+        sky logs "$C" --status | grep -q "Job 2: FAILED" || fail "logs --status of the latest job"
+
+        # Options between the cluster and the command, as sky takes them.
+        sky exec "$C" -n sleeper -d "sleep 600" | grep -q "Job submitted, ID: 3" || fail "exec -n -d"
+        sky logs "$C" 3 --status >/dev/null
+        expect_rc $? 101 "logs --status of a running job"
+        sky queue "$C" | grep sleeper | grep -q RUNNING || fail "the named job in the queue"
+        sky cancel -y "$C" | grep -q "Cancelled job ID(s): 3" || fail "cancel of the latest running job"
+        sky logs "$C" 3 --status >/dev/null
+        expect_rc $? 103 "logs --status of a cancelled job"
+        sky logs "$C" 99 --status >/dev/null 2>&1
+        expect_rc $? 102 "logs --status of no such job"
+        sky cancel -y "$C" 1 2 | grep -q "No jobs cancelled" || fail "cancel of ended jobs"
+
+        sky status -r "$C" | grep "$C" | grep -q UP || fail "status -r NAME"
+        sky down -y "$C" >/dev/null 2>&1 || fail "down -y"
+        sky status | grep -q "No existing clusters." || fail "status after down"
+        """,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
+
+
+def test_a_command_task_is_sky_cmd_and_n_names_it(tmp_path: Path) -> None:
+    res = run_sequence(
+        tmp_path,
+        """
+        sky launch -y -c "$C" "echo one" | grep -q "(sky-cmd, pid=[0-9]*) one" || fail "a command's prefix"
+        sky exec "$C" -n named "echo two" | grep -q "(named, pid=[0-9]*) two" || fail "-n in the prefix"
+        sky queue "$C" | grep -q "sky-cmd" || fail "the default name in the queue"
+        """,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
