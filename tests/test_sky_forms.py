@@ -87,6 +87,26 @@ def test_launch_exec_logs_exit_codes_as_sky(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr + res.stdout
 
 
+def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
+    res = run_sequence(
+        tmp_path,
+        """
+        sky launch -y -c "$C" --num-nodes 2 >/dev/null || fail "launch without a task"
+        # A task file without a suffix (sky runs a temporary file so), on fewer nodes than the
+        # cluster has: the first of them.
+        printf 'num_nodes: 1\\nrun: |\\n  for i in 1 2 3 4 5; do echo line-$i; done\\n' > task
+        s=$(sky launch -y -c "$C" task) || fail "a one-node task on a two-node cluster: $s"
+        [ "$(echo "$s" | grep -c 'line-')" -eq 5 ] || fail "the task ran on one node only: $s"
+        [ "$(sky logs "$C" 1 --no-follow --tail 2 | grep -c line-)" -eq 2 ] || fail "--tail 2"
+        d=$(sky logs "$C" 1 --sync-down | sed -n 's/^Job 1 logs: //p')
+        [ -f "$d/run.log" ] && grep -q line-5 "$d/run.log" || fail "--sync-down to '$d'"
+        sky exec "$C" --async "sleep 600" | grep -q "Job submitted, ID: 2" || fail "exec --async"
+        sky cancel -y "$C" -a | grep -q "Cancelled job ID(s): 2" || fail "cancel -a"
+        """,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
+
+
 def test_a_command_task_is_sky_cmd_and_n_names_it(tmp_path: Path) -> None:
     res = run_sequence(
         tmp_path,

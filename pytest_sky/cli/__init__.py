@@ -141,7 +141,8 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "  pytest-sky launch -c dev --num-nodes 2 -- 'echo $SKYPILOT_NODE_RANK'\n"
         "  pytest-sky launch -c train examples/torch_allreduce/task.yaml\n"
         "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting\n"
-        "  pytest-sky launch -y -c dev -n hello 'echo hi'   # sky's form: exit 100 if the job fails",
+        "  pytest-sky launch -y -c dev -n hello 'echo hi'   # sky's form: exit 100 if the job fails\n"
+        "  pytest-sky launch -y -c dev --fast --async task.yaml   # sky's flags, accepted",
     )
     p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
     _add_name_option(p)
@@ -152,7 +153,18 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
     _add_cluster_options(p)
     p.add_argument(
-        "-d", "--detach", "--detach-run", dest="detach", action="store_true", help="submit the task and return"
+        "-d",
+        "--detach",
+        "--detach-run",
+        "--async",
+        dest="detach",
+        action="store_true",
+        help="submit the task and return (sky's -d/--detach-run and --async)",
+    )
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="sky's flag, accepted: a reused cluster is never provisioned again here (its task's setup still runs)",
     )
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
@@ -166,7 +178,9 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     )
     p.add_argument("cluster", metavar="NAME")
     _add_name_option(p)
-    p.add_argument("-d", "--detach", "--detach-run", dest="detach", action="store_true", help="submit and return")
+    p.add_argument(
+        "-d", "--detach", "--detach-run", "--async", dest="detach", action="store_true", help="submit and return"
+    )
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
     p.set_defaults(func=cmd_exec)
@@ -195,6 +209,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "show a job's log (the latest job by default), followed until it ends; exits 100 if it failed",
         "  pytest-sky logs dev\n  pytest-sky logs dev 3 --no-follow\n"
         "  pytest-sky logs dev 3 --status   # 'Job 3: SUCCEEDED'\n"
+        "  pytest-sky logs dev --tail 20\n  pytest-sky logs dev 3 --sync-down   # 'Job 3 logs: DIR'\n"
         "  exit codes: 0 succeeded, 100 failed, 101 not finished, 102 no such job, 103 cancelled",
     )
     p.add_argument("cluster", metavar="NAME")
@@ -203,6 +218,13 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "-f", "--follow", action=argparse.BooleanOptionalAction, default=True, help="stream until the job ends"
     )
     p.add_argument("--status", action="store_true", help="print the job's status only; the exit code says it too")
+    p.add_argument("--tail", type=int, default=0, metavar="N", help="from the last N lines (0: all), e.g. --tail 20")
+    p.add_argument(
+        "-s",
+        "--sync-down",
+        action="store_true",
+        help="save the job's log under the state directory and print where ('Job N logs: DIR'; run.log in it)",
+    )
     p.set_defaults(func=cmd_logs)
 
     p = add(

@@ -47,10 +47,27 @@ def _task_from_args(task_args: list[str], num_nodes: int | None = None, name: st
 
     if not task_args:
         return None
-    task = as_task(" ".join(task_args), num_nodes or 1)
+    text = " ".join(task_args)
+    task = _suffixless_task_file(text) or as_task(text, num_nodes or 1)
     if name is None and task.source is None and not task.name:
         name = job_report.COMMAND_TASK_NAME
     return task if name is None else task.with_overrides(name=name)
+
+
+def _suffixless_task_file(text: str):
+    """A file without ``.yaml`` that holds a task (sky runs a temporary file so); else None."""
+    from pytest_sky.task import Task
+
+    path = Path(text)
+    if text.endswith((".yaml", ".yml")) or "\n" in text or not path.is_file():
+        return None
+    try:
+        import yaml
+
+        parsed = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return Task.from_yaml(text) if isinstance(parsed, dict) else None
 
 
 def _resources(args: argparse.Namespace):
@@ -65,12 +82,14 @@ def _cluster(name: str):
     return get_cluster(name)
 
 
-def _follow(cluster, job) -> int:
-    """Stream a job's log until it ends; its exit code as ``sky``'s (100: failed).  Ctrl-C
-    stops following, never the job."""
+def _follow(cluster, job, *, tail: int = 0) -> int:
+    """Stream a job's log until it ends (``tail``: from the last lines written so far); its
+    exit code as ``sky``'s (100: failed).  Ctrl-C stops following, never the job."""
+    skip = max(0, len(job.logs().splitlines()) - tail) if tail else 0
     try:
-        for line in job.logs(follow=True):
-            print(line, flush=True)
+        for number, line in enumerate(job.logs(follow=True)):
+            if number >= skip:
+                print(line, flush=True)
         status = job.wait(60)
     except KeyboardInterrupt:
         console.hint(
@@ -157,8 +176,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     existing = store.load(args.cluster)
     if existing is not None:
         cluster = _cluster(args.cluster)
+        # As sky: a task of fewer nodes runs on the first of them; more is another cluster.
         wanted = {
-            "num_nodes": num_nodes,
+            "num_nodes": max(num_nodes, existing.num_nodes),
             "backend": backend,
             "accelerators": ClusterResources.of(requested).accelerators,
         }
@@ -287,11 +307,32 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.status:
         print(job_report.status_line(job_id, status))
         return JobExitCode.of(status)
+    if args.sync_down:
+        return _sync_down(cluster, job)
     if args.follow:
-        return _follow(cluster, job)
-    sys.stdout.write(job.logs())
+        return _follow(cluster, job, tail=args.tail)
+    text = job.logs()
+    sys.stdout.write(_last_lines(text, args.tail))
     code = JobExitCode.of(status)
     return JobExitCode.SUCCEEDED if code == JobExitCode.NOT_FINISHED else code
+
+
+def _last_lines(text: str, tail: int) -> str:
+    """The last ``tail`` lines of ``text`` (0: all of it)."""
+    if not tail:
+        return text
+    return "".join(text.splitlines(keepends=True)[-tail:])
+
+
+def _sync_down(cluster, job) -> int:
+    """``--sync-down``: the job's log into this machine's state directory, and where."""
+    from pytest_sky.state import home
+
+    where = home() / "logs" / cluster.name / str(job.id)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "run.log").write_text(job.logs(), encoding="utf-8")
+    print(job_report.synced(job.id, where))
+    return JobExitCode.SUCCEEDED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

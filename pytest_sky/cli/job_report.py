@@ -60,6 +60,11 @@ def is_up(name: str, num_nodes: int, head_ip: str) -> str:
     return f"└── Cluster {name} is up. {num_nodes} node(s), head {head_ip}"
 
 
+def synced(job_id: int, where: object) -> str:
+    """``logs --sync-down``: the directory that holds the job's ``run.log``."""
+    return f"Job {job_id} logs: {where}"
+
+
 def cancelled(ids: list[int]) -> str:
     if not ids:
         return "No jobs cancelled. They may be in terminal states."
