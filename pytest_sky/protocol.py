@@ -263,6 +263,20 @@ def read_greeting(recv: Callable[[int], bytes]) -> bytes:
     return data
 
 
+def keep_alive(sock: Any, every: int, probes: int) -> None:
+    """Give up a connection whose peer stays silent: a TCP keepalive after ``every`` seconds
+    of silence, then every ``every`` seconds, ``probes`` unanswered ending it (the kernel
+    answers them, however busy the peer's CPUs).  Also no Nagle: events and lines are small
+    writes, each wanted at once."""
+    import socket
+
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", every), ("TCP_KEEPINTVL", every), ("TCP_KEEPCNT", probes)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def door_secret(cluster_key: bytes) -> bytes:
     """Who may ask a node's server for anything: whoever holds the cluster's private key,
     which is who may ssh to the node (every node and the client hold it)."""

@@ -32,6 +32,13 @@ SERVED = (
 )
 
 
+def serve(cluster: pytest_sky.Cluster) -> None:
+    """Two runs: the first starts the head's server, the second (served) each worker's.  Each
+    test calls it, whichever of the module's tests ran before on this cluster (xdist)."""
+    for _ in range(2):
+        assert cluster.run("true").returncode == 0
+
+
 @pytest.fixture(scope="module")
 def cluster(module_home: Path) -> Iterator[pytest_sky.Cluster]:
     with pytest_sky.launch(num_nodes=3, name=f"served-{os.getpid() % 10000}") as c:
@@ -53,8 +60,7 @@ def test_from_the_third_run_every_rank_runs_under_its_node_server(module_home: P
 
 
 def test_a_served_rank_keeps_its_output_byte_for_byte_and_its_exit_code(cluster) -> None:
-    cluster.run("true")
-    cluster.run("true")
+    serve(cluster)
     # Trailing blank lines, a last line without a break, and a line that looks like the end
     # mark: none of them ends the rank early or loses a line.
     res = cluster.run(
@@ -85,7 +91,7 @@ def _ask(ip: str, answer: Callable[[bytes], bytes]) -> bytes:
 
 
 def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, module_home: Path) -> None:
-    cluster.run("true")
+    serve(cluster)
     secret = door_secret((module_home / "clusters" / cluster.name / "id_ed25519").read_bytes())
     worker = cluster.node_ips[1]
     program = b"echo ran"
@@ -96,7 +102,7 @@ def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, modul
 
 
 def test_a_run_goes_the_old_way_when_a_server_is_gone(cluster) -> None:
-    cluster.run("true")
+    serve(cluster)
     kill = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] && exit 0; kill "$(cat ~/.sky/agent.pid)"')
     assert kill.returncode == 0, kill.output
     again = cluster.run("hostname")  # the workers refuse: over ssh, which starts new servers
@@ -111,8 +117,7 @@ def test_a_worker_whose_server_port_is_silent_gets_its_ranks_over_ssh(module_hom
     rank (after one wait for the silent port), and later runs go straight to ssh."""
     name = f"filtered-{os.getpid() % 10000}"
     with pytest_sky.launch(num_nodes=2, name=name, capabilities=("NET_ADMIN",)) as cluster:
-        for _ in range(2):
-            assert cluster.run("true").returncode == 0  # the worker's server is up
+        serve(cluster)
         drop = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] || iptables -A INPUT -p tcp --dport 7022 -j DROP')
         assert drop.returncode == 0, drop.output
         for _ in range(2):

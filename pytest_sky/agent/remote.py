@@ -19,14 +19,21 @@ import socket
 import threading
 
 from pytest_sky.agent.child import Child
-from pytest_sky.protocol import AGENT_PORT, EXIT_MARK, GREETING, NodeRef, door_answer, door_secret, read_greeting
+from pytest_sky.protocol import (
+    AGENT_PORT,
+    EXIT_MARK,
+    GREETING,
+    NodeRef,
+    door_answer,
+    door_secret,
+    keep_alive,
+    read_greeting,
+)
 
 #: How long a worker's port may stay silent before its ranks go over ssh instead.
 CONNECT_SECONDS = 2.0
 #: Where the head remembers workers whose port stayed silent (one empty file per address).
 _FILTERED = os.path.expanduser("~/.sky/agent-filtered")
-#: Keepalive probes: after 1 s of silence, every second, 3 unanswered give up.
-_KEEPALIVE = (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3))
 #: Data left unacknowledged this long gives up too (a lifeline closed into a dead link).
 _USER_TIMEOUT_MS = 4000
 
@@ -198,10 +205,6 @@ def _read_some(fd: int) -> bytes:
 
 
 def _keep_alive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the program, then the lifeline's end
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in _KEEPALIVE:
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    keep_alive(sock, every=1, probes=3)
     if hasattr(socket, "TCP_USER_TIMEOUT"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _USER_TIMEOUT_MS)

@@ -40,7 +40,7 @@ import sys
 from pytest_sky import shell
 from pytest_sky.agent import remote
 from pytest_sky.agent.remote import secret
-from pytest_sky.protocol import AGENT_PORT, EXIT_MARK, GREETING, door_request
+from pytest_sky.protocol import AGENT_PORT, EXIT_MARK, GREETING, door_request, keep_alive
 
 #: Where a server writes its pid, under the node's home (the leftover check reads it).
 PID_FILE = shell.AGENT_PID_FILE
@@ -157,9 +157,11 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
 def _answer(conn: socket.socket, door: bytes, run: Runner) -> int:
     """One connection: the handshake, then its request."""
     nonce = os.urandom(16).hex().encode()
-    # Events and output lines are small writes, each wanted at once: Nagle would hold each
-    # one back until the last was acknowledged (a delayed ACK, up to 40 ms).
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # Nagle would hold each event back until the last was acknowledged (a delayed ACK, up to
+    # 40 ms).  A head that vanishes without closing (its node killed, its link gone) is
+    # noticed as sshd's ClientAliveInterval 5 / ClientAliveCountMax 3 noticed it: the rank's
+    # lifeline then reads an error, and the rank is stopped.
+    keep_alive(conn, every=5, probes=3)
     conn.settimeout(HANDSHAKE_SECONDS)
     conn.sendall(GREETING + nonce + b"\n")
     request = door_request(door, nonce, _read_line(conn))
