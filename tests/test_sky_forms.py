@@ -114,6 +114,10 @@ def test_a_command_task_is_sky_cmd_and_n_names_it(tmp_path: Path) -> None:
         sky launch -y -c "$C" "echo one" | grep -q "(sky-cmd, pid=[0-9]*) one" || fail "a command's prefix"
         sky exec "$C" -n named "echo two" | grep -q "(named, pid=[0-9]*) two" || fail "-n in the prefix"
         sky queue "$C" | grep -q "sky-cmd" || fail "the default name in the queue"
+        sky exec -c "$C" echo hi test | grep -q ") hi test" || fail "exec -c NAME words..."
+        sky exec echo -c "$C" | grep -q "Job finished (status: SUCCEEDED)." || fail "exec CMD -c NAME"
+        sky exec "$C" >/dev/null 2>&1 && fail "exec without a command must fail"
+        true
         """,
     )
     assert res.returncode == 0, res.stderr + res.stdout

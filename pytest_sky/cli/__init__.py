@@ -174,9 +174,11 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "exec",
         "run a task or command on an existing cluster (a new job)",
         "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'\n"
-        "  pytest-sky exec dev -n job-1 -d 'sleep 60'   # options anywhere, as sky takes them",
+        "  pytest-sky exec dev -n job-1 -d 'sleep 60'   # options anywhere, as sky takes them\n"
+        "  pytest-sky exec -c dev echo hi   # sky's -c: then every word is the command's",
     )
-    p.add_argument("cluster", metavar="NAME")
+    p.add_argument("cluster", nargs="?", metavar="NAME")
+    p.add_argument("-c", "--cluster", dest="cluster_flag", metavar="NAME", help="the cluster, as an option (sky's -c)")
     _add_name_option(p)
     p.add_argument(
         "-d", "--detach", "--detach-run", "--async", dest="detach", action="store_true", help="submit and return"

@@ -219,8 +219,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    cluster = _cluster(args.cluster)
-    task = _task_from_args(args.task, num_nodes=cluster.num_nodes, name=args.name)
+    name, words = args.cluster, list(args.task)
+    if args.cluster_flag is not None:  # sky's `exec -c NAME CMD...`: the first word is the command's
+        words = [name, *words] if name is not None else words
+        name = args.cluster_flag
+    if name is None:
+        raise UsageError("name the cluster: pytest-sky exec NAME COMMAND (or -c NAME)")
+    cluster = _cluster(name)
+    task = _task_from_args(words, num_nodes=cluster.num_nodes, name=args.name)
     if task is None:
         raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
     return _run_task(cluster, _with_env_options(task, args), args.detach)
