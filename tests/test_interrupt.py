@@ -56,6 +56,16 @@ def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> 
         time.sleep(0.02)
 
 
+def _fail_with_stacks(proc: subprocess.Popen[bytes], home: Path, sig: signal.Signals) -> None:
+    """The inner run did not end within 60 s of the signal: every thread's stack (faulthandler,
+    on SIGABRT) goes into the failure, and what it left is torn down (its owner is gone)."""
+    proc.send_signal(signal.SIGABRT)
+    out, _ = proc.communicate(timeout=30)
+    cli = Path(sys.executable).with_name("pytest-sky")
+    subprocess.run([str(cli), "down", "--all"], env={**os.environ, "PYTEST_SKY_HOME": str(home)}, timeout=120)
+    pytest.fail(f"the inner run was still going 60 s after {sig.name}; where it was:\n{out.decode()[-6000:]}")
+
+
 def records(home: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in (home / "clusters").glob("*/record.json")]
 
@@ -91,7 +101,8 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     home = tmp_path / "home"
     (tmp_path / "test_inner.py").write_text(inner)
     signal_file = tmp_path / "signal"
-    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "SIGNAL_FILE": str(signal_file)}
+    # PYTHONFAULTHANDLER: a run that hangs after the signal can be made to say where (SIGABRT).
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "SIGNAL_FILE": str(signal_file), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
         cwd=tmp_path,
@@ -106,7 +117,10 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
         links = [data["bridge"], *data["veths"]]
         assert netns.link_exists(data["bridge"])
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _fail_with_stacks(proc, home, sig)
     finally:
         if proc.poll() is None:  # the test failed with the inner run still going: end it, tearing down
             proc.terminate()
