@@ -3,8 +3,9 @@
 The server (:mod:`~pytest_sky.agent.server`) makes the rank a fork and an exec of the rank
 supervisor on the worker, with this connection as its stdin (the lifeline) and stdout: no
 ssh client process on the head, no session on the worker's sshd.  A worker with no server
-yet (the first run after its boot) refuses the connection; the rank then goes over ssh as it
-always did, and that session starts the worker's server for the next run.
+yet refuses the connection; the rank then goes over ssh as it always did, and, when this run
+is itself a fork of the head's server (:data:`on_server`), that session starts the worker's
+server for the next run.
 
 A worker that dies or drops off the network while its rank runs is noticed as ssh's
 ``ServerAliveInterval=1``/``ServerAliveCountMax=3`` noticed it: TCP keepalives every second,

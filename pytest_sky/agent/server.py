@@ -14,9 +14,9 @@ is who may ssh to the node, gets any further.  Then one request:
 
 - ``run``: an attached run, exactly as ``agent.pyz run`` over an exec (the connection is its
   stdin and stdout, and its lifeline);
-- ``rank MARK LENGTH``: a worker's rank, LENGTH bytes of program following: the connection
+- ``rank NONCE LENGTH``: a worker's rank, LENGTH bytes of program following: the connection
   becomes the rank supervisor's stdin (its lifeline) and stdout, and the supervisor ends the
-  output with ``MARK <exit code>``.
+  output with ``PSKY-EXIT NONCE <exit code>`` (:data:`~pytest_sky.protocol.EXIT_MARK`).
 
 How it starts: nothing on the node starts it at boot.  The first run on a head that has none
 (after a launch, after its restart) goes the old way, an exec, and that agent forks a server
