@@ -257,9 +257,7 @@ class AgentClient:
 
         if self.door is None or not self.door.answered:
             return None
-        transport = self.connect().get_transport()
-        if transport is None or not transport.is_active():
-            raise RunError(f"the connection to the head of {self.cluster} is closed")
+        transport = self._transport()
         try:
             chan = transport.open_channel("direct-tcpip", ("127.0.0.1", AGENT_PORT), ("127.0.0.1", 0), timeout=30)
         except paramiko.ChannelException:
@@ -277,10 +275,15 @@ class AgentClient:
             raise
         return chan
 
-    def _channel(self, args: list[str]) -> paramiko.Channel:
+    def _transport(self) -> paramiko.Transport:
+        """The open connection to the head (``connect`` reopens one that dropped)."""
         transport = self.connect().get_transport()
         if transport is None or not transport.is_active():
             raise RunError(f"the connection to the head of {self.cluster} is closed")
+        return transport
+
+    def _channel(self, args: list[str]) -> paramiko.Channel:
+        transport = self._transport()
         chan = transport.open_session()
         try:
             chan.exec_command(" ".join([self.python, "-I", "-S", self.agent_path, *(shlex.quote(a) for a in args)]))

@@ -326,14 +326,14 @@ def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) 
 #: command's positionals in one go at the first of them, so in `exec dev -d 'sleep 5'` (or
 #: `logs dev -f 3`) the words after the option would be "unrecognized"; sky takes options
 #: anywhere.
-_TRAILING = {
-    "launch": "task",
-    "exec": "task",
-    "logs": "job",
-    "cancel": "jobs",
-    "ssh": "node",
-    "down": "names",
-    "status": "names",
+_TRAILING: dict[str, tuple[str, Callable[[str], object]]] = {
+    "launch": ("task", str),
+    "exec": ("task", str),
+    "logs": ("job", _positive_int),
+    "cancel": ("jobs", _positive_int),
+    "ssh": ("node", str),
+    "down": ("names", str),
+    "status": ("names", str),
 }
 
 
@@ -342,24 +342,17 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return args
-    dest = _TRAILING.get(getattr(args, "subcommand", None) or "")
-    if dest is None or any(word.startswith("-") for word in extra):
+    dest, convert = _TRAILING.get(getattr(args, "subcommand", None) or "", ("", str))
+    current = getattr(args, dest, None)
+    one_more = current is None and len(extra) == 1
+    if not dest or any(word.startswith("-") for word in extra) or not (isinstance(current, list) or one_more):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    current = getattr(args, dest)
-    if not isinstance(current, list) and (current is not None or len(extra) > 1):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    action = next(a for a in _subparser(parser, args.subcommand)._actions if a.dest == dest)
     try:
-        values = [action.type(word) if callable(action.type) else word for word in extra]
+        values = [convert(word) for word in extra]
     except argparse.ArgumentTypeError as exc:
-        parser.error(f"argument {action.metavar}: {exc}")
+        parser.error(f"argument {dest.upper()}: {exc}")
     setattr(args, dest, current + values if isinstance(current, list) else values[0])
     return args
-
-
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return commands.choices[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
