@@ -26,9 +26,10 @@ run time through ``POST /emulator/faults`` with a JSON object of these keys; a k
   answered 410 Gone ("too old resource version", as after an etcd compaction), alternately
   as an HTTP 410 and, as the watch cache does, as a 200 whose first event is an ERROR with
   code 410; counts down to 0.
-- ``drop_portforward_after_bytes``: every new port-forward is closed once this many bytes
-  have crossed it (both directions together).
-- ``drop_portforwards``: an action, not a setting: ``true`` closes every open port-forward now.
+- ``drop_portforward_after_bytes``: every new port-forward is reset (a TCP RST, as a load
+  balancer's or a restarting API server's drop) once this many bytes have crossed it (both
+  directions together).
+- ``drop_portforwards``: an action, not a setting: ``true`` resets every open port-forward now.
 """
 
 from __future__ import annotations

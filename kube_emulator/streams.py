@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import struct
 import termios
 from dataclasses import dataclass
@@ -356,13 +357,23 @@ async def handle_portforward(request: web.Request, cluster: Cluster, namespace: 
     try:
         if await session.forward(cluster, rt, ports) and session.dropped.is_set():
             log.info("dropping the port-forward to %s/%s after %d bytes", namespace, name, session.bytes)
-            transport = request.transport
-            if transport is not None:
-                transport.abort()
+            _reset(request.transport)
         return ws
     finally:
         cluster.portforwards.discard(session)
         await session.close()
+
+
+def _reset(transport: asyncio.BaseTransport | None) -> None:
+    """Drop the connection with a TCP reset, as a load balancer or a restarting API server
+    does: a plain close would let the client see an orderly end and spare its error paths."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class PortForwardSession:

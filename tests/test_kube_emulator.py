@@ -30,12 +30,13 @@ pytest.importorskip("aiohttp")
 
 from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
-from kubernetes.stream import portforward, stream, ws_client  # noqa: E402
+from kubernetes.stream import stream, ws_client  # noqa: E402
 
 from kube_emulator import Emulator  # noqa: E402
 from kube_emulator.scheduler import node_view, parse_quantity, schedule  # noqa: E402
 from kube_emulator.selectors import SelectorError, parse_label_selector  # noqa: E402
 from pytest_sky.backends import netns  # noqa: E402
+from pytest_sky.ssh import kube_proxy  # noqa: E402
 from tests.kube_helpers import (  # noqa: E402
     api,
     delete_and_wait,
@@ -75,7 +76,7 @@ while True:
 
 
 def forward(v1: client.CoreV1Api, pod: str, port: int = 22) -> socket.socket:
-    pf = portforward(v1.connect_get_namespaced_pod_portforward, pod, "default", ports=str(port))
+    pf = kube_proxy.open_forward(v1, "default", pod, port)  # the client's, sturdy when a drop resets it
     sock = pf.socket(port)
     sock.settimeout(10)
     return sock

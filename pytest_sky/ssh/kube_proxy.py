@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -167,9 +168,39 @@ def load_kube_config(cfg: Any, kubeconfig: str | None, context: str | None) -> N
 
 
 def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
-    from kubernetes.stream import portforward
+    """The client's ``portforward``, whose relay thread survives a reset connection.
 
-    return portforward(api.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port))
+    The client's own relay (``ws_client.PortForward._proxy``) handles a websocket that closes,
+    but a connection the API server or a load balancer resets raises ``ConnectionResetError``
+    out of its thread: a traceback on the user's terminal and, under pytest, a test failed
+    for an unhandled thread exception.  Ours ends the way a close does: the local socket
+    reads end-of-file, which ssh reports as a closed connection."""
+    from kubernetes.client.rest import ApiException
+    from kubernetes.stream import ws_client
+    from websocket import WebSocketException
+
+    class SturdyPortForward(ws_client.PortForward):
+        def _proxy(self) -> None:
+            try:
+                super()._proxy()
+            except (OSError, WebSocketException):
+                self.websocket.shutdown()
+                for local in self.local_ports.values():
+                    local.python.close()
+
+    def call(configuration: Any, _method: str, url: str, **kwargs: Any) -> Any:
+        try:
+            websocket = ws_client.create_websocket(
+                configuration, ws_client.get_websocket_url(url), kwargs.get("headers")
+            )
+            return SturdyPortForward(websocket, [port])
+        except Exception as exc:  # as the client's own call reports a refused handshake
+            raise ApiException(status=0, reason=str(exc)) from exc
+
+    websocket_request = importlib.import_module("kubernetes.stream.stream")._websocket_request  # the package hides it
+    return websocket_request(
+        call, {"_preload_content": False}, api.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port)
+    )
 
 
 def read_line(sock: Any, timeout: float) -> bytes:
