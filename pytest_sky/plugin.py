@@ -115,13 +115,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Reap clusters whose owner died (a run killed with SIGKILL), before making new ones."""
     from pytest_sky.errors import SkyError
-    from pytest_sky.lifecycle import reap as reap_orphans
     from pytest_sky.state import StateStore
 
     try:
         store = StateStore()
         if not store.records():
-            return
+            return  # the common case: no backend, ssh or task module is imported (every pytest run pays it)
+        from pytest_sky.lifecycle import reap as reap_orphans
+
         reaped = reap_orphans(store)
     except (SkyError, OSError) as exc:
         session.config.issue_config_time_warning(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), 2)

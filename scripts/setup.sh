@@ -53,4 +53,9 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
 fi
 say "installing pytest-sky, its test extras and NeMo"
 .venv/bin/python -m pip install -q -e '.[test,nemo]'
+# An editable install leaves this project's own modules uncompiled, and where the environment
+# forbids writing bytecode (PYTHONDONTWRITEBYTECODE, set in many CI images) every process
+# would compile them again: each CLI call, inner pytest run, node start and agent server.
+# Compiled once here; a stale file is recompiled in memory, never trusted.
+.venv/bin/python -m compileall -q pytest_sky kube_emulator bench
 say "ready: .venv/bin/python -m pytest smoke -k multinode"
