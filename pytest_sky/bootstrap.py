@@ -41,6 +41,7 @@ AGENT_MODULES = (
     "agent.child",
     "agent.control",
     "agent.fanout",
+    "agent.queue",
     "agent.rank",
     "agent.records",
     "agent.remote",

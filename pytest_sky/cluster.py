@@ -22,7 +22,7 @@ from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privile
 from pytest_sky.cluster_info import ClusterInfo, SshRoute
 from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, SkyError, TaskError
 from pytest_sky.job import Job
-from pytest_sky.protocol import NodeRef, RunSpec, door_secret
+from pytest_sky.protocol import DEFAULT_JOB_CPUS, NodeRef, RunSpec, door_secret
 from pytest_sky.resources import Resources
 from pytest_sky.runner import AgentClient, Door, RunResult
 from pytest_sky.settings import Settings
@@ -355,6 +355,8 @@ class Cluster:
             cwd="~/sky_workdir" if task.workdir else None,
             gpus_per_node=self._gpus_per_node(task),
             cluster_info=info.skypilot_info(self.name),
+            cpus_per_node=task.resources.cpus if task.resources.cpus is not None else DEFAULT_JOB_CPUS,
+            node_cpus=self._record.resources.cpus,
         )
 
     def _gpus_per_node(self, task: Task) -> int:

@@ -171,6 +171,11 @@ class NodeRef:
     env: dict[str, str] = field(default_factory=dict)
 
 
+#: The CPUs a job holds on each of its nodes unless its task asks for more: SkyPilot's default,
+#: by which 16 jobs run at once on an 8-CPU node (``agent.queue``).
+DEFAULT_JOB_CPUS = 0.5
+
+
 @record
 class RunSpec:
     """Everything the agent reads to run a task, setup then run, on every rank."""
@@ -184,6 +189,8 @@ class RunSpec:
     cwd: str | None = None  # the task's workdir on every node, when it has one
     gpus_per_node: int = 0
     cluster_info: dict[str, str | None] = field(default_factory=dict)  # SKYPILOT_CLUSTER_INFO
+    cpus_per_node: float = DEFAULT_JOB_CPUS  # what the job holds on each node while it runs
+    node_cpus: float | None = None  # what each node has for jobs (the launch's cpus); None: no count
 
     @property
     def num_nodes(self) -> int:
@@ -327,6 +334,7 @@ class JobRecord:
     submitted: float = 0.0
     started: float | None = None
     ended: float | None = None
+    cpus: float = DEFAULT_JOB_CPUS  # held on each node while RUNNING (the job queue counts them)
 
     def encode(self) -> str:
         return to_json(self.as_dict())  # type: ignore[attr-defined]

@@ -7,8 +7,8 @@ SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode`
 
 Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
 server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
-flags, ``stop``/``start``, the resource-aware job queue, ``logs --sync-down`` and
-``--provision``, ``FAILED_SETUP``/``FAILED_DRIVER``.
+flags, ``stop``/``start``, ``logs --provision``, ``FAILED_SETUP``/``FAILED_DRIVER``.  The job
+queue's counts are ``tests/test_job_queue.py``'s.
 """
 
 from __future__ import annotations

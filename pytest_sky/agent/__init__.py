@@ -63,10 +63,16 @@ def run_main() -> int:
     import threading
 
     spec = _read_spec()
-    record, job_dir = new_job(spec, detached=False)
+    record, job_dir = new_job(spec, detached=False, pid=os.getpid())
     emitter = Emitter(job_dir, to_stdout=True)
     emitter.event(JobEvent(record.id, record.task_id))
     cancelled = threading.Event()
+    bell: list = []  # the job's doorbell, while it waits in the queue (agent.queue)
+
+    def cancel(*_: object) -> None:
+        cancelled.set()
+        if bell:
+            bell[0].ring()
 
     def lifeline() -> None:
         try:
@@ -75,12 +81,12 @@ def run_main() -> int:
         except OSError:
             pass
         emitter.client_gone = True
-        cancelled.set()
+        cancel()
 
     threading.Thread(target=lifeline, daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: cancelled.set())
-    signal.signal(signal.SIGHUP, lambda *_: cancelled.set())
-    execute(spec, record, job_dir, emitter, cancelled)
+    signal.signal(signal.SIGTERM, cancel)
+    signal.signal(signal.SIGHUP, cancel)
+    execute(spec, record, job_dir, emitter, cancelled, bell)
     return 0
 
 
@@ -89,31 +95,44 @@ def submit_main() -> int:
     spec = _read_spec()
     record, job_dir = new_job(spec, detached=True)
     sys.stdout.flush()
+    enlisted, tell = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(enlisted)
         os.setsid()
         if os.fork() != 0:
             os._exit(0)
-        os._exit(_daemon(spec, record, job_dir))
+        os._exit(_daemon(spec, record, job_dir, tell))
+    os.close(tell)
     os.waitpid(pid, 0)
+    os.read(enlisted, 1)  # the daemon's pid is in the record: the next job queues behind this one
     sys.stdout.buffer.write(JobEvent(record.id, record.task_id).encode())
     return 0
 
 
-def _daemon(spec: RunSpec, record: JobRecord, job_dir: str) -> int:
+def _daemon(spec: RunSpec, record: JobRecord, job_dir: str, tell: int) -> int:
     """The detached job's own process: no terminal, its output in the job's ``agent.log``."""
     try:
+        import threading
+
+        cancelled = threading.Event()
+        bell: list = []  # the job's doorbell, while it waits in the queue (agent.queue)
+
+        def cancel(*_: object) -> None:
+            cancelled.set()
+            if bell:
+                bell[0].ring()
+
+        signal.signal(signal.SIGTERM, cancel)  # before its pid is known: a cancel may come next
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        record = update(job_dir, pid=os.getpid())
+        os.close(tell)
         devnull = os.open(os.devnull, os.O_RDWR)
         log = os.open(os.path.join(job_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(devnull, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        import threading
-
-        cancelled = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: cancelled.set())
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        execute(spec, record, job_dir, Emitter(job_dir, to_stdout=False), cancelled)
+        execute(spec, record, job_dir, Emitter(job_dir, to_stdout=False), cancelled, bell)
         return 0
     except BaseException as exc:  # noqa: BLE001 - a daemon has nobody to raise to
         update(job_dir, status=JobStatus.FAILED, error=f"agent error: {exc!r}", ended=time.time())

@@ -9,9 +9,9 @@ then the node's.
 
 from __future__ import annotations
 
-import os
 import time
 
+from pytest_sky.agent.queue import leave, take_turn
 from pytest_sky.agent.rank import SETUP_UNSET, STOP_GRACE_SECONDS, Rank
 from pytest_sky.agent.records import Emitter, update
 from pytest_sky.protocol import DoneEvent, ExitEvent, JobRecord, JobStatus, NodeRef, PhaseEvent, RunSpec, to_json
@@ -102,9 +102,17 @@ def _run_phase(
     return codes, 0, None
 
 
-def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled) -> JobRecord:
-    """Run setup then run on every rank; record and return the job's final status."""
-    update(job_dir, status=JobStatus.RUNNING, pid=os.getpid(), started=time.time())
+def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
+    """Wait for the job's turn in the queue, run setup then run on every rank; record and
+    return the job's final status, and let the jobs still pending look again."""
+    try:
+        return _execute(spec, record, job_dir, emitter, cancelled, bell)
+    finally:
+        leave(record)
+
+
+def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
+    take_turn(record, job_dir, spec.node_cpus, cancelled, bell)
     setup_env, run_env = _rank_envs(spec, record.task_id)
     returncode, error, codes = 0, None, [0] * spec.num_nodes
     for phase, script, env_for in (("setup", spec.setup, setup_env), ("run", spec.run, run_env)):

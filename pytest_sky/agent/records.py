@@ -55,8 +55,10 @@ def _allocate_job(home: str, cluster: str) -> tuple[int, str, str]:
     return job_id, f"sky-{stamp}_{cluster}_{job_id}", job_dir
 
 
-def new_job(spec: RunSpec, detached: bool) -> tuple[JobRecord, str]:
-    """A new job's id, directory, spec and first (pending) record."""
+def new_job(spec: RunSpec, detached: bool, pid: int | None = None) -> tuple[JobRecord, str]:
+    """A new job's id, directory, spec and first (pending) record; ``pid``: the process that
+    will run it, when that is already this one (a pending job whose process is gone is
+    passed over by the queue)."""
     job_id, task_id, job_dir = _allocate_job(os.path.expanduser("~"), spec.cluster)
     with open(os.path.join(job_dir, "spec.json"), "w") as f:
         f.write(to_json(spec.to_wire()))
@@ -68,6 +70,8 @@ def new_job(spec: RunSpec, detached: bool) -> tuple[JobRecord, str]:
         num_nodes=spec.num_nodes,
         detached=detached,
         submitted=time.time(),
+        pid=pid,
+        cpus=spec.cpus_per_node,
     )
     return _save(job_dir, record), job_dir
 

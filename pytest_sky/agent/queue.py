@@ -1,0 +1,168 @@
+"""The head's job queue: first in, first out, each running job holding its CPUs.
+
+As SkyPilot's: a job asks for ``cpus`` on each of its nodes (0.5 unless its task says more:
+``protocol.DEFAULT_JOB_CPUS``), a cluster launched with ``cpus=N`` gives each node N, and a job
+starts once every job submitted before it has started and its CPUs are free, so 75 jobs on
+an 8-CPU cluster give 16 RUNNING and the rest PENDING, in order.  A cluster launched without
+``cpus`` has no count to hold (its local nodes share this machine's cores; a pod's default
+request is no promise either), so there only the order holds and every job starts at once.
+
+Waiting is event-driven: a job that must wait makes a doorbell (a FIFO in its directory), and
+every job that ends rings the bell of every job still pending; a pending job then looks again,
+under the queue's lock.  The bell exists before the look that sends it to wait, so a ring that
+comes between that look and the wait stays in the pipe and is never lost.  A cancel (SIGTERM)
+or an attached client that goes away rings the job's own bell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from collections.abc import Iterator
+
+from pytest_sky.agent.records import jobs_dir, update
+from pytest_sky.protocol import JobRecord, JobStatus
+
+BELL = "bell"  # the doorbell FIFO's name in a pending job's directory
+
+
+class Doorbell:
+    """A pending job's FIFO, held open for reading and for writing by the job itself: open
+    for writing, it never reads end-of-file, and its own handlers can ring it.
+
+    Its descriptors stay open until the job's process exits (one job per process, and not
+    inherited by the ranks): closed earlier, a handler in another thread could ring a number
+    the process had meanwhile given to another file."""
+
+    def __init__(self, job_dir: str) -> None:
+        self.path = os.path.join(job_dir, BELL)
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(self.path, 0o600)
+        self._read = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._write = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+
+    def ring(self) -> None:
+        """Safe in a signal handler and from any thread."""
+        with contextlib.suppress(OSError):  # a full pipe has rung already
+            os.write(self._write, b"!")
+
+    def wait(self) -> None:
+        select.select([self._read], [], [])
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+    def retire(self) -> None:
+        """No longer pending: nobody else rings it."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+class Entry:
+    """A live job in the queue's ledger: one line ``ID PID CPUS R|P`` (running or pending)."""
+
+    __slots__ = ("cpus", "id", "pid", "running")
+
+    def __init__(self, job_id: int, pid: int, cpus: float, running: bool) -> None:
+        self.id, self.pid, self.cpus, self.running = job_id, pid, cpus, running
+
+    def line(self) -> str:
+        return f"{self.id} {self.pid} {self.cpus!r} {'R' if self.running else 'P'}\n"
+
+    @classmethod
+    def parse(cls, line: str) -> Entry:
+        job_id, pid, cpus, state = line.split()
+        return cls(int(job_id), int(pid), float(cpus), state == "R")
+
+
+class _Ledger:
+    """The live jobs, read and written under the queue's lock: a few short lines, where the
+    jobs' own records would cost every run a JSON parse of every job the head ever kept."""
+
+    def __init__(self) -> None:
+        self.path = os.path.join(jobs_dir(), "queue")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[list[Entry]]:
+        """The entries whose process lives; what the caller leaves in the list is written back."""
+        import fcntl
+
+        with open(self.path + ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = [e for e in self._read() if _alive(e.pid)]
+            yield entries
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write("".join(e.line() for e in entries))
+            os.replace(tmp, self.path)
+
+    def _read(self) -> list[Entry]:
+        try:
+            with open(self.path) as f:
+                return [Entry.parse(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _may_start(me: Entry, others: list[Entry], node_cpus: float | None) -> bool:
+    """No live job submitted before ``me`` still waits, and ``me``'s CPUs are free."""
+    if any(not e.running and e.id < me.id for e in others):
+        return False
+    used = sum(e.cpus for e in others if e.running)
+    return node_cpus is None or used + me.cpus <= node_cpus + 1e-9
+
+
+def take_turn(record: JobRecord, job_dir: str, node_cpus: float | None, cancelled, bell: list[Doorbell]) -> bool:
+    """Wait for the job's turn and mark it RUNNING (True), or return False once it is
+    cancelled while it waits.  ``bell`` receives the doorbell once one is made, for the
+    caller's signal handlers to ring."""
+    me = Entry(record.id, os.getpid(), record.cpus, running=False)
+    ledger = _Ledger()
+    try:
+        while True:
+            with ledger.locked() as entries:
+                entries[:] = [e for e in entries if e.id != me.id]
+                if cancelled.is_set():
+                    return False
+                me.running = _may_start(me, entries, node_cpus)
+                entries.append(me)
+                if me.running:
+                    update(job_dir, status=JobStatus.RUNNING, pid=me.pid, started=time.time())
+                    return True
+                if not bell:  # made before the next look: no ring between look and wait is lost
+                    bell.append(Doorbell(job_dir))
+                    continue
+            bell[0].wait()
+    finally:
+        if bell:
+            bell[0].retire()
+
+
+def leave(record: JobRecord) -> None:
+    """The job ended (or never started): its CPUs are free, and every pending job looks again."""
+    ledger = _Ledger()
+    with ledger.locked() as entries:
+        entries[:] = [e for e in entries if e.id != record.id]
+        pending = [e.id for e in entries if not e.running]
+    for job_id in pending:
+        try:
+            fd = os.open(os.path.join(jobs_dir(), str(job_id), BELL), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # not waiting yet (it looks before it waits), or gone
+            continue
+        with contextlib.suppress(OSError):
+            os.write(fd, b"!")
+        os.close(fd)

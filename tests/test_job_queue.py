@@ -1,0 +1,79 @@
+"""The head's job queue, as SkyPilot's: first in, first out, each job holding its CPUs.
+
+SkyPilot's ``test_large_job_queue`` (``tests/smoke_tests/test_cluster_job.py``) submits 75
+jobs of 0.5 CPU to an 8-CPU cluster and cancels the first 16: then jobs 17-32 run and 43 wait.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+from pytest_sky import Cluster, Task
+from tests.plugin_helpers import needs_local_backend
+
+pytestmark = needs_local_backend
+
+
+@pytest.fixture
+def eight_cpus(home: Path) -> Iterator[Cluster]:
+    cluster = pytest_sky.launch(num_nodes=1, cpus=8, name=f"jq{os.getpid() % 10000}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def statuses(cluster: Cluster) -> dict[int, str]:
+    return {job["id"]: job["status"] for job in cluster.queue()}
+
+
+def settle(cluster: Cluster, ready, timeout: float = 60) -> dict[int, str]:
+    """The queue once ``ready(queue)`` holds: started jobs change their own records."""
+    deadline = time.monotonic() + timeout
+    while not ready(now := statuses(cluster)):
+        assert time.monotonic() < deadline, now
+    return now
+
+
+def test_seventy_five_jobs_on_eight_cpus_run_sixteen_at_a_time_in_order(eight_cpus: Cluster):
+    jobs = [eight_cpus.submit(f"echo {i}; exec sleep 600") for i in range(1, 76)]
+    assert [j.id for j in jobs] == list(range(jobs[0].id, jobs[0].id + 75))
+    queue = settle(eight_cpus, lambda q: sum(s == "RUNNING" for s in q.values()) == 16)
+    assert [queue[j.id] for j in jobs] == ["RUNNING"] * 16 + ["PENDING"] * 59
+    for job in jobs[:16]:
+        job.cancel()
+    queue = settle(eight_cpus, lambda q: sum(s == "RUNNING" for s in q.values()) == 16)
+    assert [queue[j.id] for j in jobs] == ["CANCELLED"] * 16 + ["RUNNING"] * 16 + ["PENDING"] * 43
+
+
+def test_a_job_holds_the_cpus_its_task_asks_for_and_a_run_waits_its_turn(home: Path):
+    cluster = pytest_sky.launch(num_nodes=2, cpus=2, name=f"jq2{os.getpid() % 10000}")
+    try:
+        big = cluster.submit(Task(run="exec sleep 600", num_nodes=2, resources={"cpus": 2}))
+        small = cluster.submit("true")  # 0.5 CPU: it would fit, but it came second
+        settle(cluster, lambda q: q[big.id] == "RUNNING")
+        waiting = cluster.submit("exec sleep 600")
+        assert statuses(cluster)[small.id] == "PENDING"
+        assert waiting.cancel() == "CANCELLED"  # a pending job is cancelled where it waits
+        big.cancel()
+        assert small.wait(30) == "SUCCEEDED"
+        result = cluster.run("echo ran-$SKYPILOT_NODE_RANK")  # attached runs queue too: none left
+        assert result.returncode == 0 and [r.stdout for r in result.ranks] == ["ran-0\n", "ran-1\n"]
+    finally:
+        cluster.down()
+
+
+def test_without_a_cpu_count_every_job_starts_at_once(home: Path):
+    cluster = pytest_sky.launch(num_nodes=1, name=f"jq3{os.getpid() % 10000}")
+    try:
+        jobs = [cluster.submit("exec sleep 600") for _ in range(6)]
+        queue = settle(cluster, lambda q: all(q[j.id] != "PENDING" for j in jobs))
+        assert [queue[j.id] for j in jobs] == ["RUNNING"] * 6
+    finally:
+        cluster.down()
