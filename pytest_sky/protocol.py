@@ -335,6 +335,9 @@ class JobRecord:
     started: float | None = None
     ended: float | None = None
     cpus: float = DEFAULT_JOB_CPUS  # held on each node while RUNNING (the job queue counts them)
+    #: ``"setup"`` when the job FAILED in its setup: sky's FAILED_SETUP (``cli.job_report``);
+    #: ``status`` stays one of the five the public contract names.
+    failed_phase: str | None = None
 
     def encode(self) -> str:
         return to_json(self.as_dict())  # type: ignore[attr-defined]

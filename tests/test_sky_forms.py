@@ -7,7 +7,7 @@ SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode`
 
 Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
 server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
-flags, ``stop``/``start``, ``logs --provision``, ``FAILED_SETUP``/``FAILED_DRIVER``.  The job
+flags, ``stop``/``start``, ``logs --provision``, ``FAILED_DRIVER``.  The job
 queue's counts are ``tests/test_job_queue.py``'s.
 """
 
@@ -78,6 +78,14 @@ def test_launch_exec_logs_exit_codes_as_sky(tmp_path: Path) -> None:
         sky logs "$C" 99 --status >/dev/null 2>&1
         expect_rc $? 102 "logs --status of no such job"
         sky cancel -y "$C" 1 2 | grep -q "No jobs cancelled" || fail "cancel of ended jobs"
+
+        # A setup that fails: sky's FAILED_SETUP, in every place it shows a status.
+        printf 'setup: echo preparing; exit 3\nrun: echo never\n' > broken.yaml
+        s=$(sky exec "$C" broken.yaml 2>/dev/null)
+        expect_rc $? 100 "exec of a task whose setup fails"
+        echo "$s" | grep -q "Job finished (status: FAILED_SETUP)." || fail "no FAILED_SETUP finish line: $s"
+        sky logs "$C" 4 --status | grep -qx "Job 4: FAILED_SETUP" || fail "logs --status of job 4"
+        sky queue "$C" | grep "^4 " | grep -q FAILED_SETUP || fail "FAILED_SETUP in the queue"
 
         sky status -r "$C" | grep "$C" | grep -q UP || fail "status -r NAME"
         sky down -y "$C" >/dev/null 2>&1 || fail "down -y"

@@ -114,13 +114,14 @@ def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, ca
 def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
     take_turn(record, job_dir, spec.node_cpus, cancelled, bell)
     setup_env, run_env = _rank_envs(spec, record.task_id)
-    returncode, error, codes = 0, None, [0] * spec.num_nodes
+    returncode, error, codes, failed_phase = 0, None, [0] * spec.num_nodes, None
     for phase, script, env_for in (("setup", spec.setup, setup_env), ("run", spec.run, run_env)):
         if not script or cancelled.is_set():
             continue
         emitter.event(PhaseEvent(phase))
         codes, returncode, error = _run_phase(phase, script, spec, env_for, emitter, cancelled)
         if error:
+            failed_phase = phase
             break
     if cancelled.is_set() and returncode == 0 and not error:
         returncode, error = 130, "the job was cancelled before it ran"
@@ -128,4 +129,7 @@ def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, c
     if returncode != 0:
         status = JobStatus.CANCELLED if cancelled.is_set() else JobStatus.FAILED
     emitter.event(DoneEvent(returncode, status, error, codes))
-    return update(job_dir, status=status, returncode=returncode, error=error, ended=time.time())
+    failed_phase = failed_phase if status == JobStatus.FAILED else None
+    return update(
+        job_dir, status=status, returncode=returncode, error=error, failed_phase=failed_phase, ended=time.time()
+    )

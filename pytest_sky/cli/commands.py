@@ -98,7 +98,7 @@ def _follow(cluster, job, *, tail: int = 0) -> int:
             f"`pytest-sky cancel {cluster.name} {job.id}`"
         )
         return EXIT_INTERRUPTED
-    print(job_report.finished(status), flush=True)
+    print(job_report.finished(status, job.info().get("failed_phase")), flush=True)
     if status not in LIVE and status != JobStatus.SUCCEEDED:
         result = job.result()
         if result is not None and result.error:
@@ -283,7 +283,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
         ended = j.get("ended") or time.time()
         took = f"{ended - j['started']:.1f}s" if j.get("started") else "-"
         rows.append(
-            [str(j["id"]), str(j.get("name") or "-"), _age(j.get("submitted", time.time())) + " ago", took, j["status"]]
+            [
+                str(j["id"]),
+                str(j.get("name") or "-"),
+                _age(j.get("submitted", time.time())) + " ago",
+                took,
+                job_report.sky_status(j["status"], j.get("failed_phase")),
+            ]
         )
     console.table(["ID", "NAME", "SUBMITTED", "DURATION", "STATUS"], rows)
     return 0
@@ -311,7 +317,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         console.error(f"Job {job_id} not found on cluster {cluster.name!r}")
         return JobExitCode.NOT_FOUND
     if args.status:
-        print(job_report.status_line(job_id, status))
+        print(job_report.status_line(job_id, status, job.info().get("failed_phase")))
         return JobExitCode.of(status)
     if args.sync_down:
         return _sync_down(cluster, job)

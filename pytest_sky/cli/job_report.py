@@ -42,13 +42,20 @@ def submitted(job_id: int) -> str:
     return f"Job submitted, ID: {job_id}"
 
 
-def finished(status: JobStatus) -> str:
-    return f"Job finished (status: {status})."
+def sky_status(status: JobStatus | str, failed_phase: str | None = None) -> str:
+    """The status as sky writes it: a job that failed in its setup is ``FAILED_SETUP``."""
+    if status == JobStatus.FAILED and failed_phase == "setup":
+        return "FAILED_SETUP"
+    return str(status)
 
 
-def status_line(job_id: int, status: JobStatus) -> str:
+def finished(status: JobStatus | str, failed_phase: str | None = None) -> str:
+    return f"Job finished (status: {sky_status(status, failed_phase)})."
+
+
+def status_line(job_id: int, status: JobStatus | str, failed_phase: str | None = None) -> str:
     """``logs --status``."""
-    return f"Job {job_id}: {status}"
+    return f"Job {job_id}: {sky_status(status, failed_phase)}"
 
 
 def launching(cloud_label: str) -> str:
