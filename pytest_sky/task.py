@@ -349,13 +349,18 @@ class Task:
         return cls(**data, source=source, base_dir=base_dir)
 
     @classmethod
-    def from_yaml(cls, path: StrPath) -> Task:
-        """Read a task file, refusing anything that is not a small UTF-8 YAML mapping."""
+    def from_yaml(cls, path: StrPath, *, base_dir: StrPath | None = None) -> Task:
+        """Read a task file, refusing anything that is not a small UTF-8 YAML mapping.
+
+        Relative paths in it resolve from ``base_dir``, by default the file's own directory:
+        a test's task file then works from wherever pytest runs.  The CLI passes the current
+        directory, as ``sky`` resolves them."""
         if not isinstance(path, (str, os.PathLike)):
             raise TaskError(f"task file path must be a string or path, got {format_value(path)}")
         shown = os.fspath(path)
         text = read_task_file(shown)
-        base_dir = os.path.dirname(os.path.abspath(shown))
+        if base_dir is None:
+            base_dir = os.path.dirname(os.path.abspath(shown))
         return cls.from_yaml_str(text, source=str(shown), base_dir=base_dir)
 
     @property

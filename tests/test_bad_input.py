@@ -106,12 +106,14 @@ def assert_one_line(message: str) -> None:
     assert "Traceback" not in message
 
 
-def run_cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    home: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "CI": "1", "PYTEST_SKY_HOME": str(home)}
     full_env.pop("PYTEST_ADDOPTS", None)
     full_env.update(env or {})
     return subprocess.run(
-        [str(CLI), *args], capture_output=True, text=True, env=full_env, timeout=60, stdin=subprocess.DEVNULL
+        [str(CLI), *args], capture_output=True, text=True, env=full_env, timeout=60, stdin=subprocess.DEVNULL, cwd=cwd
     )
 
 
@@ -149,7 +151,8 @@ def test_corpus_file_api(path: Path, sky_home: Path) -> None:
 
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
 def test_corpus_file_cli(path: Path, sky_home: Path) -> None:
-    assert_cli_error(run_cli(sky_home, "launch", "-c", "bad-input", str(path)), _expected(path))
+    # From the file's directory: the CLI resolves a task's relative paths from the current one, as sky.
+    assert_cli_error(run_cli(sky_home, "launch", "-c", "bad-input", str(path), cwd=path.parent), _expected(path))
     assert_nothing_provisioned(sky_home)
 
 

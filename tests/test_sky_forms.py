@@ -110,6 +110,10 @@ def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
         [ -f "$d/run.log" ] && grep -q line-5 "$d/run.log" || fail "--sync-down to '$d'"
         sky exec "$C" --async "sleep 600" | grep -q "Job submitted, ID: 2" || fail "exec --async"
         sky cancel -y "$C" -a | grep -q "Cancelled job ID(s): 2" || fail "cancel -a"
+        # Relative paths in a task resolve from the current directory, as sky's do.
+        mkdir -p tasks && echo from-the-cwd > marker && echo from-the-yaml-dir > tasks/marker
+        printf 'workdir: .\nrun: cat marker\n' > tasks/cat.yaml
+        sky exec "$C" tasks/cat.yaml | grep -q ") from-the-cwd" || fail "workdir: . is the current directory"
         """,
     )
     assert res.returncode == 0, res.stderr + res.stdout

@@ -48,26 +48,32 @@ def _task_from_args(task_args: list[str], num_nodes: int | None = None, name: st
     if not task_args:
         return None
     text = " ".join(task_args)
-    task = _suffixless_task_file(text) or as_task(text, num_nodes or 1)
+    task = _task_file(text) or as_task(text, num_nodes or 1)
     if name is None and task.source is None and not task.name:
         name = job_report.COMMAND_TASK_NAME
     return task if name is None else task.with_overrides(name=name)
 
 
-def _suffixless_task_file(text: str):
-    """A file without ``.yaml`` that holds a task (sky runs a temporary file so); else None."""
+def _task_file(text: str):
+    """The task file ``text`` names, else None (a command, or a file that is not there).
+
+    As ``sky``: its relative paths (``workdir: .``, ``file_mounts`` sources) resolve from the
+    current directory, and a file without ``.yaml`` counts when it holds a mapping (sky runs
+    a temporary file so)."""
     from pytest_sky.task import Task
 
     path = Path(text)
-    if text.endswith((".yaml", ".yml")) or "\n" in text or not path.is_file():
+    if "\n" in text or not path.is_file():
         return None
-    try:
-        import yaml
+    if not text.endswith((".yaml", ".yml")):
+        try:
+            import yaml
 
-        parsed = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return Task.from_yaml(text) if isinstance(parsed, dict) else None
+            if not isinstance(yaml.safe_load(path.read_text(encoding="utf-8")), dict):
+                return None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+    return Task.from_yaml(text, base_dir=os.getcwd())
 
 
 def _resources(args: argparse.Namespace):
