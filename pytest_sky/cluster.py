@@ -375,7 +375,7 @@ class Cluster:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             if task.workdir:
-                tar.add(task.workdir, arcname="~/sky_workdir")
+                _add_workdir(tar, task.workdir)
             for remote, local in task.file_mounts.items():
                 tar.add(local, arcname=remote if remote.startswith("~/") else "/" + remote.lstrip("/"))
         # Member names start with "~/" or "/": unpack ~-members in $HOME, the rest at /.
@@ -457,6 +457,29 @@ def reset_for_next_test(cluster: Cluster) -> None:
 
 
 # ------------------------------------------------------------------------------ provisioning
+
+
+def _add_workdir(tar, workdir: str) -> None:
+    """The workdir as ``~/sky_workdir``; in a git work tree only what git would keep (tracked
+    and untracked files, not ignored ones), as sky leaves out what ``.gitignore`` names: a
+    virtualenv or build tree in it would otherwise travel to every node."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(
+            ["git", "-C", workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # not a git work tree, or no git: all of it
+        tar.add(workdir, arcname="~/sky_workdir")
+        return
+    tar.add(workdir, arcname="~/sky_workdir", recursive=False)
+    for name in sorted(set(filter(None, listed.decode("utf-8", "surrogateescape").split("\0")))):
+        path = os.path.join(workdir, name)
+        if os.path.lexists(path):  # a tracked file deleted in the work tree is not sent
+            tar.add(path, arcname=f"~/sky_workdir/{name}", recursive=False)
 
 
 def launch(

@@ -114,6 +114,13 @@ def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
         mkdir -p tasks && echo from-the-cwd > marker && echo from-the-yaml-dir > tasks/marker
         printf 'workdir: .\nrun: cat marker\n' > tasks/cat.yaml
         sky exec "$C" tasks/cat.yaml | grep -q ") from-the-cwd" || fail "workdir: . is the current directory"
+        # In a git work tree what .gitignore names stays behind, as on sky (a virtualenv would travel).
+        mkdir -p repo/.venv && cd repo && git init -q && echo .venv/ > .gitignore && touch .venv/python kept
+        printf 'workdir: .\nrun: ls -a\n' > t.yaml
+        s=$(sky exec "$C" t.yaml) || fail "exec in a git work tree: $s"
+        echo "$s" | grep -q ") kept$" || fail "an untracked file was left behind: $s"
+        echo "$s" | grep -q ") .venv$" && fail "an ignored directory travelled: $s"
+        cd ..
         """,
     )
     assert res.returncode == 0, res.stderr + res.stdout
