@@ -328,15 +328,18 @@ class JobRecord:
     name: str | None = None  # the task's display name
     num_nodes: int = 0
     detached: bool = False
-    pid: int | None = None  # the job's agent, in the head's PID namespace (RUNNING and after)
+    pid: int | None = None  # the job's agent, in the head's PID namespace
+    #: That process's start time (``procs.start_time``): a node stopped and started again
+    #: counts its pids from 1, and a new process with the old pid is not the job's agent.
+    pid_start: int | None = None
     returncode: int | None = None
     error: str | None = None  # which rank failed and how, or why the job was stopped
     submitted: float = 0.0
     started: float | None = None
     ended: float | None = None
     cpus: float = DEFAULT_JOB_CPUS  # held on each node while RUNNING (the job queue counts them)
-    #: ``"setup"`` when the job FAILED in its setup: sky's FAILED_SETUP (``cli.job_report``);
-    #: ``status`` stays one of the five the public contract names.
+    #: ``"setup"`` when the job FAILED in its setup (sky's FAILED_SETUP), ``"driver"`` when its
+    #: agent died (FAILED_DRIVER: ``cli.job_report``); ``status`` stays one of the contract's five.
     failed_phase: str | None = None
 
     def encode(self) -> str:

@@ -28,6 +28,8 @@ class BackendEntry:
     #: Top-level modules it imports that are not in the standard library, with the pip
     #: requirement that brings each: checked before the import, so a missing one is one line.
     needs: tuple[tuple[str, str], ...] = ()
+    #: Whether its clusters can be stopped and started again with their disks (``stop``/``start``).
+    can_stop: bool = False
 
 
 BACKENDS: tuple[BackendEntry, ...] = (
@@ -36,6 +38,7 @@ BACKENDS: tuple[BackendEntry, ...] = (
         (),
         "pytest_sky.backends.local:LocalBackend",
         "namespace nodes on this machine, each with its own network and sshd",
+        can_stop=True,
     ),
     BackendEntry(
         "kubernetes",

@@ -36,13 +36,15 @@ def home() -> Path:
 
 
 class ClusterStatus(str, enum.Enum):
-    """A cluster's life on disk: PROVISIONING from its claim until its nodes answer, then UP.
+    """A cluster's life on disk: PROVISIONING from its claim until its nodes answer, then UP;
+    STOPPED between ``stop`` and ``start``.
 
     A ``str`` enum so that the record's JSON stays the word and status tables print it as is.
     """
 
     PROVISIONING = "PROVISIONING"
     UP = "UP"
+    STOPPED = "STOPPED"  # its nodes powered off, their disks kept (``pytest-sky stop``)
 
     def __str__(self) -> str:
         return self.value

@@ -347,3 +347,18 @@ def test_words_with_nowhere_to_go_are_one_line(argv: list[str], capsys: pytest.C
         _parse(build_parser(), argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_kubernetes_cluster_is_not_stopped_and_the_line_says_how_to_end_it(home: Path) -> None:
+    """As sky: a pod has no stopped state; the refusal comes before any node is touched."""
+    from pytest_sky.cli.power import stop_cluster
+    from pytest_sky.errors import NotSupportedError
+    from pytest_sky.state import ClusterRecord, ClusterStatus, StateStore
+
+    record = ClusterRecord("k8s-c", "kubernetes", 1, owner_pid=1, owner_start_time=None, status=ClusterStatus.UP)
+    with pytest.raises(NotSupportedError) as info:
+        stop_cluster(StateStore(), record)
+    assert str(info.value) == (
+        "k8s-c: a kubernetes cluster cannot be stopped (a pod has no stopped state; SkyPilot refuses too): "
+        "tear it down with `pytest-sky down k8s-c`"
+    )

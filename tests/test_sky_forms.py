@@ -7,7 +7,7 @@ SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode`
 
 Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
 server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
-flags, ``stop``/``start``, ``logs --provision``, ``FAILED_DRIVER``.  The job
+flags, ``logs --provision``.  The job
 queue's counts are ``tests/test_job_queue.py``'s.
 """
 
@@ -137,6 +137,27 @@ def test_a_command_task_is_sky_cmd_and_n_names_it(tmp_path: Path) -> None:
         sky exec echo -c "$C" | grep -q "Job finished (status: SUCCEEDED)." || fail "exec CMD -c NAME"
         sky exec "$C" >/dev/null 2>&1 && fail "exec without a command must fail"
         true
+        """,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
+
+
+def test_stop_and_start_keep_the_disks_and_fail_the_running_job_as_sky(tmp_path: Path) -> None:
+    res = run_sequence(
+        tmp_path,
+        """
+        sky launch -y -c "$C" --num-nodes 2 'echo kept > ~/disk' >/dev/null || fail "launch"
+        sky exec "$C" -d "sleep 600" | grep -q "Job submitted, ID: 2" || fail "a detached job"
+        sky stop -y "$C" | grep -qx "Cluster $C stopped." || fail "stop"
+        sky status "$C" | grep "$C" | grep -q STOPPED || fail "STOPPED in status"
+        e=$(sky exec "$C" true 2>&1)
+        expect_rc $? 2 "exec on a stopped cluster"
+        [ "$e" = "pytest-sky: error: cluster $C is stopped: start it with \\`pytest-sky start $C\\`" ] || fail "$e"
+        sky start -y "$C" | grep -qx "Cluster $C started." || fail "start"
+        sky logs "$C" 2 --status | grep -qx "Job 2: FAILED_DRIVER" || fail "the job that ran is FAILED_DRIVER"
+        expect_rc "${PIPESTATUS[0]}" 100 "logs --status of a FAILED_DRIVER job"
+        [ "$(sky exec "$C" 'cat ~/disk' | grep -c ') kept')" -eq 2 ] || fail "every node's disk was kept"
+        sky stop "$C" >/dev/null && sky launch -y -c "$C" "echo again" | grep -q ") again" || fail "launch starts it"
         """,
     )
     assert res.returncode == 0, res.stderr + res.stdout

@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 
-from pytest_sky import shell
+from pytest_sky import procs, shell
 from pytest_sky.agent.control import COMMANDS
 from pytest_sky.agent.fanout import execute
 from pytest_sky.agent.records import Emitter, new_job, update
@@ -63,7 +63,7 @@ def run_main() -> int:
     import threading
 
     spec = _read_spec()
-    record, job_dir = new_job(spec, detached=False, pid=os.getpid())
+    record, job_dir = new_job(spec, detached=False, pid=os.getpid())  # its start time: new_job's
     emitter = Emitter(job_dir, to_stdout=True)
     emitter.event(JobEvent(record.id, record.task_id))
     cancelled = threading.Event()
@@ -125,7 +125,7 @@ def _daemon(spec: RunSpec, record: JobRecord, job_dir: str, tell: int) -> int:
 
         signal.signal(signal.SIGTERM, cancel)  # before its pid is known: a cancel may come next
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        record = update(job_dir, pid=os.getpid())
+        record = update(job_dir, pid=os.getpid(), pid_start=procs.start_time(os.getpid()))
         os.close(tell)
         devnull = os.open(os.devnull, os.O_RDWR)
         log = os.open(os.path.join(job_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

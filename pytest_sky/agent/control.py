@@ -26,18 +26,19 @@ def jobs_main(argv: list[str]) -> int:
         if record is None:
             continue
         orphaned = record.status == JobStatus.RUNNING or time.time() - record.submitted > 30
-        if record.status in LIVE and orphaned and not _pid_alive(record.pid):
+        if record.status in LIVE and orphaned and not _agent_alive(record):
             record = died(d)
         out.append(record)
     sys.stdout.write(encode_records(out) + "\n")
     return 0
 
 
-def _pid_alive(pid: int | None) -> bool:
+def _agent_alive(record: JobRecord) -> bool:
     from pytest_sky import procs
 
     # We are the subreaper of what our jobs left behind: reap it on the way.
-    return isinstance(pid, int) and pid > 0 and procs.alive_reaping(pid)
+    pid = record.pid
+    return isinstance(pid, int) and pid > 0 and procs.alive_reaping(pid, record.pid_start)
 
 
 def wait_main(argv: list[str]) -> int:
@@ -52,7 +53,7 @@ def wait_main(argv: list[str]) -> int:
         if record.status in TERMINAL:
             sys.stdout.write(record.encode() + "\n")
             return 0
-        if record.status == JobStatus.RUNNING and not _pid_alive(record.pid):
+        if record.status == JobStatus.RUNNING and not _agent_alive(record):
             died(job_dir)
             continue
         if time.monotonic() >= deadline:
@@ -107,7 +108,7 @@ def cancel_main(argv: list[str]) -> int:
     for d in job_dirs(argv[0] if argv else "all"):
         record = read_status(d)
         if record and record.status not in TERMINAL:
-            if _pid_alive(record.pid):
+            if _agent_alive(record):
                 os.kill(record.pid, signal.SIGTERM)  # type: ignore[arg-type]
                 targets.append(d)
             elif record.status == JobStatus.PENDING:
@@ -127,7 +128,7 @@ def _still_running(job_dir: str) -> bool:
     """Not ended, or ended on paper while its agent process still lives: a cancel returns only
     once the job's own process is gone too (a cluster shared by tests checks that it is)."""
     record = read_status(job_dir) or _ENDED
-    return record.status not in TERMINAL or _pid_alive(record.pid)
+    return record.status not in TERMINAL or _agent_alive(record)
 
 
 def forget_main(argv: list[str]) -> int:

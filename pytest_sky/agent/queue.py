@@ -22,6 +22,7 @@ import select
 import time
 from collections.abc import Iterator
 
+from pytest_sky import procs
 from pytest_sky.agent.records import jobs_dir, update
 from pytest_sky.protocol import JobRecord, JobStatus
 
@@ -61,20 +62,25 @@ class Doorbell:
 
 
 class Entry:
-    """A live job in the queue's ledger: one line ``ID PID CPUS R|P`` (running or pending)."""
+    """A live job in the queue's ledger: one line ``ID PID START CPUS R|P`` (running or
+    pending).  The process's start time tells it from a later one of the same pid: a node
+    that was stopped and started again counts its pids from 1 again."""
 
-    __slots__ = ("cpus", "id", "pid", "running")
+    __slots__ = ("cpus", "id", "pid", "running", "start")
 
-    def __init__(self, job_id: int, pid: int, cpus: float, running: bool) -> None:
-        self.id, self.pid, self.cpus, self.running = job_id, pid, cpus, running
+    def __init__(self, job_id: int, pid: int, start: int, cpus: float, running: bool) -> None:
+        self.id, self.pid, self.start, self.cpus, self.running = job_id, pid, start, cpus, running
 
     def line(self) -> str:
-        return f"{self.id} {self.pid} {self.cpus!r} {'R' if self.running else 'P'}\n"
+        return f"{self.id} {self.pid} {self.start} {self.cpus!r} {'R' if self.running else 'P'}\n"
 
     @classmethod
     def parse(cls, line: str) -> Entry:
-        job_id, pid, cpus, state = line.split()
-        return cls(int(job_id), int(pid), float(cpus), state == "R")
+        job_id, pid, start, cpus, state = line.split()
+        return cls(int(job_id), int(pid), int(start), float(cpus), state == "R")
+
+    def alive(self) -> bool:
+        return procs.alive_reaping(self.pid, self.start)
 
 
 class _Ledger:
@@ -91,7 +97,7 @@ class _Ledger:
 
         with open(self.path + ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = [e for e in self._read() if _alive(e.pid)]
+            entries = [e for e in self._read() if e.alive()]
             yield entries
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
@@ -106,18 +112,6 @@ class _Ledger:
             return []
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _may_start(me: Entry, others: list[Entry], node_cpus: float | None) -> bool:
     """No live job submitted before ``me`` still waits, and ``me``'s CPUs are free."""
     if any(not e.running and e.id < me.id for e in others):
@@ -130,7 +124,7 @@ def take_turn(record: JobRecord, job_dir: str, node_cpus: float | None, cancelle
     """Wait for the job's turn and mark it RUNNING (True), or return False once it is
     cancelled while it waits.  ``bell`` receives the doorbell once one is made, for the
     caller's signal handlers to ring."""
-    me = Entry(record.id, os.getpid(), record.cpus, running=False)
+    me = Entry(record.id, os.getpid(), procs.start_time(os.getpid()) or 0, record.cpus, running=False)
     ledger = _Ledger()
     try:
         while True:
@@ -141,7 +135,7 @@ def take_turn(record: JobRecord, job_dir: str, node_cpus: float | None, cancelle
                 me.running = _may_start(me, entries, node_cpus)
                 entries.append(me)
                 if me.running:
-                    update(job_dir, status=JobStatus.RUNNING, pid=me.pid, started=time.time())
+                    update(job_dir, status=JobStatus.RUNNING, pid=me.pid, pid_start=me.start, started=time.time())
                     return True
                 if not bell:  # made before the next look: no ring between look and wait is lost
                     bell.append(Doorbell(job_dir))

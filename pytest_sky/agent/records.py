@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from pytest_sky import procs
 from pytest_sky.protocol import TERMINAL, Event, JobRecord, JobStatus, RunSpec, decode_record, to_json
 
 
@@ -71,6 +72,7 @@ def new_job(spec: RunSpec, detached: bool, pid: int | None = None) -> tuple[JobR
         detached=detached,
         submitted=time.time(),
         pid=pid,
+        pid_start=procs.start_time(pid) if pid else None,
         cpus=spec.cpus_per_node,
     )
     return _save(job_dir, record), job_dir
@@ -117,7 +119,10 @@ def died(job_dir: str) -> JobRecord:
     if record is not None and record.status in TERMINAL:
         _RECORDS[job_dir] = record
         return record
-    return update(job_dir, status=JobStatus.FAILED, error="the job's agent died", ended=time.time())
+    # sky's FAILED_DRIVER: what a job on a stopped cluster becomes (``cli.job_report``).
+    return update(
+        job_dir, status=JobStatus.FAILED, error="the job's agent died", failed_phase="driver", ended=time.time()
+    )
 
 
 class Emitter:

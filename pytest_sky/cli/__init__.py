@@ -32,6 +32,7 @@ from pytest_sky.cli.commands import (
     cmd_status,
     cmd_stress_ssh,
 )
+from pytest_sky.cli.power import cmd_start, cmd_stop
 from pytest_sky.errors import SkyError
 
 
@@ -275,6 +276,16 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
     p.set_defaults(func=cmd_down)
 
+    for command, func, summary, example in (
+        ("stop", cmd_stop, "power a cluster's nodes off, keeping their disks (local backend)", "pytest-sky stop dev"),
+        ("start", cmd_start, "boot a stopped cluster's nodes again, disks as they were", "pytest-sky start dev"),
+    ):
+        p = add(command, summary, f"  {example}\n  {example.replace(' dev', ' -a')}")
+        p.add_argument("names", nargs="*", metavar="NAME")
+        p.add_argument("-a", "--all", action="store_true", help=f"every cluster in the state directory ({command})")
+        p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
+        p.set_defaults(func=func)
+
     p = add(
         "stress-ssh",
         "the smoke suite's SSH concurrency check: N parallel `ssh <cluster> echo hi`, R rounds",
@@ -333,6 +344,8 @@ _TRAILING: dict[str, tuple[str, Callable[[str], object]]] = {
     "cancel": ("jobs", _positive_int),
     "ssh": ("node", str),
     "down": ("names", str),
+    "stop": ("names", str),
+    "start": ("names", str),
     "status": ("names", str),
 }
 

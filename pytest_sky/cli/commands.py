@@ -83,9 +83,15 @@ def _resources(args: argparse.Namespace):
 
 
 def _cluster(name: str):
+    """A cluster that runs: a stopped one is one line saying how to start it."""
+    from pytest_sky.cli.power import stopped_line
     from pytest_sky.cluster import get_cluster
+    from pytest_sky.state import ClusterStatus
 
-    return get_cluster(name)
+    cluster = get_cluster(name)
+    if cluster.record.status is ClusterStatus.STOPPED:
+        raise UsageError(stopped_line(name))
+    return cluster
 
 
 def _follow(cluster, job, *, tail: int = 0) -> int:
@@ -169,6 +175,7 @@ def _run_task(cluster, task, detach: bool) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky import settings
     from pytest_sky.backends.privileges import check_privileges
+    from pytest_sky.cli.power import start_if_stopped
     from pytest_sky.cluster import bring_up
     from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import ClusterResources, StateStore
@@ -181,6 +188,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     store = StateStore()
     existing = store.load(args.cluster)
     if existing is not None:
+        start_if_stopped(store, existing)  # as sky: a launch starts a stopped cluster
         cluster = _cluster(args.cluster)
         # As sky: a task of fewer nodes runs on the first of them; more is another cluster.
         wanted = {

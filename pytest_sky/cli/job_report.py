@@ -42,10 +42,15 @@ def submitted(job_id: int) -> str:
     return f"Job submitted, ID: {job_id}"
 
 
+#: sky's words for how a FAILED job failed (``JobRecord.failed_phase``).
+FAILED_WORDS = {"setup": "FAILED_SETUP", "driver": "FAILED_DRIVER"}
+
+
 def sky_status(status: JobStatus | str, failed_phase: str | None = None) -> str:
-    """The status as sky writes it: a job that failed in its setup is ``FAILED_SETUP``."""
-    if status == JobStatus.FAILED and failed_phase == "setup":
-        return "FAILED_SETUP"
+    """The status as sky writes it: a job that failed in its setup is ``FAILED_SETUP``, one
+    whose agent died (its cluster stopped, say) ``FAILED_DRIVER``."""
+    if status == JobStatus.FAILED and failed_phase in FAILED_WORDS:
+        return FAILED_WORDS[failed_phase]
     return str(status)
 
 
