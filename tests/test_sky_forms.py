@@ -7,8 +7,8 @@ SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode`
 
 Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
 server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
-flags, ``logs --provision``.  The job
-queue's counts are ``tests/test_job_queue.py``'s.
+flags.  Not yet: task files over 1 MiB, GPU fractions in the job queue.  The job queue's
+counts are ``tests/test_job_queue.py``'s.
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
         [ "$(sky logs "$C" 1 --no-follow --tail 2 | grep -c line-)" -eq 2 ] || fail "--tail 2"
         d=$(sky logs "$C" 1 --sync-down | sed -n 's/^Job 1 logs: //p')
         [ -f "$d/run.log" ] && grep -q line-5 "$d/run.log" || fail "--sync-down to '$d'"
+        sky logs --provision "$C" --no-follow | grep -q "$C is up: 2 node(s)" || fail "logs --provision"
+        [ "$(sky logs "$C" --provision --tail 1 | wc -l)" -eq 1 ] || fail "logs --provision --tail 1"
         sky exec "$C" --async "sleep 600" | grep -q "Job submitted, ID: 2" || fail "exec --async"
         sky cancel -y "$C" -a | grep -q "Cancelled job ID(s): 2" || fail "cancel -a"
         # Relative paths in a task resolve from the current directory, as sky's do.

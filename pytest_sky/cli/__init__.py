@@ -213,6 +213,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "  pytest-sky logs dev\n  pytest-sky logs dev 3 --no-follow\n"
         "  pytest-sky logs dev 3 --status   # 'Job 3: SUCCEEDED'\n"
         "  pytest-sky logs dev --tail 20\n  pytest-sky logs dev 3 --sync-down   # 'Job 3 logs: DIR'\n"
+        "  pytest-sky logs --provision dev --no-follow   # how the cluster was launched\n"
         "  exit codes: 0 succeeded, 100 failed, 101 not finished, 102 no such job, 103 cancelled",
     )
     p.add_argument("cluster", metavar="NAME")
@@ -227,6 +228,9 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "--sync-down",
         action="store_true",
         help="save the job's log under the state directory and print where ('Job N logs: DIR'; run.log in it)",
+    )
+    p.add_argument(
+        "--provision", action="store_true", help="the cluster's launch log instead of a job's (with --tail N)"
     )
     p.set_defaults(func=cmd_logs)
 

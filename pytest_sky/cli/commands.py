@@ -316,6 +316,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     103 cancelled."""
     from pytest_sky.errors import RunError
 
+    if args.provision:
+        return _provision_log(args.cluster, args.tail)
     cluster = _cluster(args.cluster)
     job_id = args.job
     if job_id is None:
@@ -341,6 +343,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
     sys.stdout.write(_last_lines(text, args.tail))
     code = JobExitCode.of(status)
     return JobExitCode.SUCCEEDED if code == JobExitCode.NOT_FINISHED else code
+
+
+def _provision_log(name: str, tail: int) -> int:
+    """``logs --provision``: the launch's own account (``lifecycle.PROVISION_LOG``), as sky's
+    provision log: which nodes came up where, and how long it took."""
+    from pytest_sky.lifecycle import PROVISION_LOG
+    from pytest_sky.state import StateStore
+
+    store = StateStore()
+    if store.load(name) is None:
+        raise UsageError(f"no cluster named {name!r} (see `pytest-sky status`)")
+    try:
+        text = (store.cluster_dir(name) / PROVISION_LOG).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        raise UsageError(f"cluster {name} has no launch log (it was launched by an older pytest-sky)") from None
+    sys.stdout.write(_last_lines(text, tail))
+    return 0
 
 
 def _last_lines(text: str, tail: int) -> str:
