@@ -25,6 +25,7 @@ from pytest_sky.job import Job
 from pytest_sky.protocol import DEFAULT_JOB_CPUS, NodeRef, RunSpec, door_secret
 from pytest_sky.resources import Resources
 from pytest_sky.runner import AgentClient, Door, RunResult
+from pytest_sky.script_files import ship_long_scripts
 from pytest_sky.settings import Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
@@ -304,7 +305,8 @@ class Cluster:
         self._check_fits(task)
         for note in task.notes:
             console.note(note)
-        self._sync(task)
+        task, scripts = ship_long_scripts(task)
+        self._sync(task, scripts)
         return task
 
     def _check_fits(self, task: Task) -> None:
@@ -364,10 +366,11 @@ class Cluster:
             return task.resources.gpus_per_node
         return self._record.resources.gpus_per_node
 
-    def _sync(self, task: Task) -> None:
-        """Copy the task's workdir and file mounts to every node, the same way on every backend:
-        one tarball to the head, fanned out from there to every worker over head-to-worker SSH."""
-        if not task.workdir and not task.file_mounts:
+    def _sync(self, task: Task, scripts: dict[str, bytes]) -> None:
+        """Copy the task's workdir, file mounts and long scripts to every node, the same way on
+        every backend: one tarball to the head, fanned out from there to every worker over
+        head-to-worker SSH."""
+        if not task.workdir and not task.file_mounts and not scripts:
             return
         import io
         import tarfile
@@ -378,6 +381,10 @@ class Cluster:
                 _add_workdir(tar, task.workdir)
             for remote, local in task.file_mounts.items():
                 tar.add(local, arcname=remote if remote.startswith("~/") else "/" + remote.lstrip("/"))
+            for remote, data in scripts.items():
+                member = tarfile.TarInfo(remote)
+                member.size, member.mode = len(data), 0o600
+                tar.addfile(member, io.BytesIO(data))
         # Member names start with "~/" or "/": unpack ~-members in $HOME, the rest at /.
         workers = " ".join(shlex.quote(ip) for ip in self._record.node_ips[1:])
         transport = self._connection().get_transport()

@@ -39,7 +39,7 @@ from pytest_sky.resources import (
     format_value,
     unknown_key_message,
 )
-from pytest_sky.task_file import MAX_TASK_FILE_BYTES, parse_yaml, read_task_file
+from pytest_sky.task_file import MAX_TASK_FILE_BYTES, MAX_TASK_FILE_TEXT, parse_yaml, read_task_file
 
 MAX_NUM_NODES = 256
 MAX_NAME_LENGTH = 63
@@ -331,7 +331,7 @@ class Task:
             if len(text) > MAX_TASK_FILE_BYTES:
                 raise TaskError(
                     f"task YAML is {len(text)} characters; the limit is "
-                    f"{MAX_TASK_FILE_BYTES} (1 MiB); keep data out of the task file"
+                    f"{MAX_TASK_FILE_BYTES} ({MAX_TASK_FILE_TEXT}); keep data out of the task file"
                 )
             data = parse_yaml(text)
             if data is None:

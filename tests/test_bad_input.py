@@ -18,6 +18,7 @@ import pytest
 
 import pytest_sky
 from pytest_sky.errors import SkyError, TaskError
+from pytest_sky.task_file import MAX_TASK_FILE_BYTES
 
 CORPUS = Path(__file__).resolve().parent / "bad_input"
 CLI = Path(sys.executable).with_name("pytest-sky")
@@ -36,8 +37,10 @@ def _generated(tmp_path: Path, case: str) -> tuple[Path, str]:
     if case == "empty_file":
         path.write_bytes(b"")
         return path, "task file is empty"
-    if case == "two_mib_file":
-        path.write_bytes(b"run: echo hi\n" + b"# padding padding padding padding\n" * (2 * 1024 * 1024 // 34 + 1))
+    if case == "oversized_file":  # sparse: refused by its size before a byte is read
+        with open(path, "wb") as handle:
+            handle.write(b"run: echo hi\n")
+            handle.truncate(MAX_TASK_FILE_BYTES + 1)
         return path, "larger than"
     if case == "binary_garbage":
         path.write_bytes(bytes(range(256)) * 16)
@@ -61,7 +64,7 @@ def _generated(tmp_path: Path, case: str) -> tuple[Path, str]:
 
 GENERATED = [
     "empty_file",
-    "two_mib_file",
+    "oversized_file",
     "binary_garbage",
     "non_utf8_latin1",
     "nul_byte",

@@ -10,6 +10,7 @@ import yaml
 from pytest_sky.errors import ResourcesError, TaskError
 from pytest_sky.resources import Accelerator, Resources
 from pytest_sky.task import Task
+from pytest_sky.task_file import MAX_TASK_FILE_BYTES
 from tests.unprivileged import AS_NOBODY, run_python, world_dir
 
 # A SkyPilot-style multi-node PyTorch example, as it would be written for `sky launch`.
@@ -341,18 +342,20 @@ def test_directory_is_not_a_task_file(tmp_path: Path) -> None:
     assert_one_line(err, str(tmp_path), "directory")
 
 
-def test_file_over_one_mebibyte_is_refused(tmp_path: Path) -> None:
+def test_a_file_over_the_limit_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
-    path.write_text("run: echo\n# " + "x" * (2 * 1024 * 1024) + "\n")
+    with open(path, "w") as handle:
+        handle.write("run: echo\n# ")
+        handle.truncate(MAX_TASK_FILE_BYTES + 1)
     with pytest.raises(TaskError) as err:
         Task.from_yaml(path)
-    assert_one_line(err, str(path), "1 MiB")
+    assert_one_line(err, str(path), "64 MiB")
 
 
-def test_text_over_one_mebibyte_is_refused() -> None:
+def test_text_over_the_limit_is_refused() -> None:
     with pytest.raises(TaskError) as err:
-        Task.from_yaml_str("run: echo\n# " + "x" * (2 * 1024 * 1024))
-    assert_one_line(err, "1 MiB")
+        Task.from_yaml_str("run: echo\n# " + "x" * MAX_TASK_FILE_BYTES)
+    assert_one_line(err, "64 MiB")
 
 
 def test_non_utf8_file_is_refused(tmp_path: Path) -> None:
