@@ -359,6 +359,8 @@ class Cluster:
             cluster_info=info.skypilot_info(self.name),
             cpus_per_node=task.resources.cpus if task.resources.cpus is not None else DEFAULT_JOB_CPUS,
             node_cpus=self._record.resources.cpus,
+            gpu_share=task.resources.accelerators.count if task.resources.accelerators else 0.0,
+            node_gpus=self._record.resources.gpus_per_node,
         )
 
     def _gpus_per_node(self, task: Task) -> int:

@@ -191,6 +191,8 @@ class RunSpec:
     cluster_info: dict[str, str | None] = field(default_factory=dict)  # SKYPILOT_CLUSTER_INFO
     cpus_per_node: float = DEFAULT_JOB_CPUS  # what the job holds on each node while it runs
     node_cpus: float | None = None  # what each node has for jobs (the launch's cpus); None: no count
+    gpu_share: float = 0.0  # the GPUs the job holds on each node (0.5: half of one, as sky's V100:0.5)
+    node_gpus: int = 0  # each node's GPUs, which jobs share by their gpu_share
 
     @property
     def num_nodes(self) -> int:
@@ -338,6 +340,7 @@ class JobRecord:
     started: float | None = None
     ended: float | None = None
     cpus: float = DEFAULT_JOB_CPUS  # held on each node while RUNNING (the job queue counts them)
+    gpus: float = 0.0  # likewise
     #: ``"setup"`` when the job FAILED in its setup (sky's FAILED_SETUP), ``"driver"`` when its
     #: agent died (FAILED_DRIVER: ``cli.job_report``); ``status`` stays one of the contract's five.
     failed_phase: str | None = None

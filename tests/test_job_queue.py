@@ -77,3 +77,22 @@ def test_without_a_cpu_count_every_job_starts_at_once(home: Path):
         assert [queue[j.id] for j in jobs] == ["RUNNING"] * 6
     finally:
         cluster.down()
+
+
+def test_gpu_fractions_share_a_gpu_as_skypilots_multi_echo(home: Path, start_emulator):
+    """On a node of one GPU, jobs asking for half of it run two at a time (pods: GPUs exist)."""
+    emu = start_emulator(nodes=1, gpus_per_node=1)
+    options = {"kubeconfig": str(emu.kubeconfig_path)}
+    name = f"jqg{os.getpid() % 10000}"
+    cluster = pytest_sky.launch(num_nodes=1, name=name, backend="kubernetes", backend_options=options, gpus="V100:1")
+    try:
+        half = Task(run="exec sleep 600", resources={"accelerators": "V100:0.5"})
+        jobs = [cluster.submit(half) for _ in range(3)]
+        no_gpu = cluster.submit("true")  # asks for no GPU, but waits its turn behind them
+        queue = settle(cluster, lambda q: sum(s == "RUNNING" for s in q.values()) == 2)
+        assert [queue[j.id] for j in [*jobs, no_gpu]] == ["RUNNING", "RUNNING", "PENDING", "PENDING"]
+        jobs[0].cancel()
+        assert no_gpu.wait(60) == "SUCCEEDED"
+        assert statuses(cluster)[jobs[2].id] == "RUNNING"
+    finally:
+        cluster.down()

@@ -100,6 +100,8 @@ def test_the_spec_carries_only_what_the_agent_reads() -> None:
         "cluster_info",
         "cpus_per_node",  # the job queue's
         "node_cpus",
+        "gpu_share",
+        "node_gpus",
     }
     # A spec.json with keys this side does not know (an older agent's) still reads.
     wire = {**spec().to_wire(), "python": "python3", "agent_path": "~/.sky/agent.py", "num_nodes": 2}

@@ -7,8 +7,7 @@ SkyPilot's CLI (``sky/client/cli/command.py``, ``sky/exceptions.py: JobExitCode`
 
 Out of scope (each needs what a test cluster is not): managed jobs (``sky jobs``), the API
 server (``sky api``), several users (``-u`` is accepted and changes nothing), clouds and their
-flags.  Not yet: GPU fractions in the job queue.  The job queue's
-counts are ``tests/test_job_queue.py``'s.
+flags.  The job queue's counts are ``tests/test_job_queue.py``'s.
 """
 
 from __future__ import annotations
@@ -123,8 +122,8 @@ def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
         echo "$s" | grep -q ") kept$" || fail "an untracked file was left behind: $s"
         echo "$s" | grep -q ") .venv$" && fail "an ignored directory travelled: $s"
         cd ..
-        # A 5.7 MB task file, as sky's smoke tests run: its scripts travel as files, not as arguments.
-        pad() { yes "  # a long $1, as in the smoke tests sky runs on itself, padded out to megabytes......" | head -n 30000; }
+        # A 5.6 MB task file, as sky's smoke tests run: its scripts travel as files, not as arguments.
+        pad() { yes "  # a long $1, as in the smoke tests sky runs on itself, padded to megabytes" | head -n 35000; }
         { printf 'num_nodes: 2\nsetup: |\n  echo setup-long\n'; pad setup
           printf 'run: |\n'; pad run; printf '  echo "end-$SKYPILOT_NODE_RANK"\n'; } > long.yaml
         s=$(sky exec "$C" long.yaml 2>&1) || fail "a long task: $s"

@@ -112,7 +112,7 @@ def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, ca
 
 
 def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
-    take_turn(record, job_dir, spec.node_cpus, cancelled, bell)
+    take_turn(record, job_dir, spec, cancelled, bell)
     setup_env, run_env = _rank_envs(spec, record.task_id)
     returncode, error, codes, failed_phase = 0, None, [0] * spec.num_nodes, None
     for phase, script, env_for in (("setup", spec.setup, setup_env), ("run", spec.run, run_env)):

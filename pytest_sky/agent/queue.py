@@ -6,6 +6,8 @@ starts once every job submitted before it has started and its CPUs are free, so 
 an 8-CPU cluster give 16 RUNNING and the rest PENDING, in order.  A cluster launched without
 ``cpus`` has no count to hold (its local nodes share this machine's cores; a pod's default
 request is no promise either), so there only the order holds and every job starts at once.
+GPUs are shared by the fractions jobs ask for (``V100:0.5`` holds half of one), against the
+node's whole GPUs.
 
 Waiting is event-driven: a job that must wait makes a doorbell (a FIFO in its directory), and
 every job that ends rings the bell of every job still pending; a pending job then looks again,
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 
 from pytest_sky import procs
 from pytest_sky.agent.records import jobs_dir, update
-from pytest_sky.protocol import JobRecord, JobStatus
+from pytest_sky.protocol import JobRecord, JobStatus, RunSpec
 
 BELL = "bell"  # the doorbell FIFO's name in a pending job's directory
 
@@ -62,22 +64,24 @@ class Doorbell:
 
 
 class Entry:
-    """A live job in the queue's ledger: one line ``ID PID START CPUS R|P`` (running or
+    """A live job in the queue's ledger: one line ``ID PID START CPUS GPUS R|P`` (running or
     pending).  The process's start time tells it from a later one of the same pid: a node
     that was stopped and started again counts its pids from 1 again."""
 
-    __slots__ = ("cpus", "id", "pid", "running", "start")
+    __slots__ = ("cpus", "gpus", "id", "pid", "running", "start")
 
-    def __init__(self, job_id: int, pid: int, start: int, cpus: float, running: bool) -> None:
-        self.id, self.pid, self.start, self.cpus, self.running = job_id, pid, start, cpus, running
+    def __init__(self, job_id: int, pid: int, start: int, cpus: float, gpus: float, running: bool) -> None:
+        self.id, self.pid, self.start, self.running = job_id, pid, start, running
+        self.cpus, self.gpus = cpus, gpus
 
     def line(self) -> str:
-        return f"{self.id} {self.pid} {self.start} {self.cpus!r} {'R' if self.running else 'P'}\n"
+        state = "R" if self.running else "P"
+        return f"{self.id} {self.pid} {self.start} {self.cpus!r} {self.gpus!r} {state}\n"
 
     @classmethod
     def parse(cls, line: str) -> Entry:
-        job_id, pid, start, cpus, state = line.split()
-        return cls(int(job_id), int(pid), int(start), float(cpus), state == "R")
+        job_id, pid, start, cpus, gpus, state = line.split()
+        return cls(int(job_id), int(pid), int(start), float(cpus), float(gpus), state == "R")
 
     def alive(self) -> bool:
         return procs.alive_reaping(self.pid, self.start)
@@ -112,19 +116,21 @@ class _Ledger:
             return []
 
 
-def _may_start(me: Entry, others: list[Entry], node_cpus: float | None) -> bool:
-    """No live job submitted before ``me`` still waits, and ``me``'s CPUs are free."""
+def _may_start(me: Entry, others: list[Entry], spec: RunSpec) -> bool:
+    """No live job submitted before ``me`` still waits, and ``me``'s CPUs and GPUs are free."""
     if any(not e.running and e.id < me.id for e in others):
         return False
-    used = sum(e.cpus for e in others if e.running)
-    return node_cpus is None or used + me.cpus <= node_cpus + 1e-9
+    running = [e for e in others if e.running]
+    cpus_free = spec.node_cpus is None or sum(e.cpus for e in running) + me.cpus <= spec.node_cpus + 1e-9
+    gpus_free = me.gpus == 0 or sum(e.gpus for e in running) + me.gpus <= spec.node_gpus + 1e-9
+    return cpus_free and gpus_free
 
 
-def take_turn(record: JobRecord, job_dir: str, node_cpus: float | None, cancelled, bell: list[Doorbell]) -> bool:
+def take_turn(record: JobRecord, job_dir: str, spec: RunSpec, cancelled, bell: list[Doorbell]) -> bool:
     """Wait for the job's turn and mark it RUNNING (True), or return False once it is
     cancelled while it waits.  ``bell`` receives the doorbell once one is made, for the
     caller's signal handlers to ring."""
-    me = Entry(record.id, os.getpid(), procs.start_time(os.getpid()) or 0, record.cpus, running=False)
+    me = Entry(record.id, os.getpid(), procs.start_time(os.getpid()) or 0, record.cpus, record.gpus, running=False)
     ledger = _Ledger()
     try:
         while True:
@@ -132,7 +138,7 @@ def take_turn(record: JobRecord, job_dir: str, node_cpus: float | None, cancelle
                 entries[:] = [e for e in entries if e.id != me.id]
                 if cancelled.is_set():
                     return False
-                me.running = _may_start(me, entries, node_cpus)
+                me.running = _may_start(me, entries, spec)
                 entries.append(me)
                 if me.running:
                     update(job_dir, status=JobStatus.RUNNING, pid=me.pid, pid_start=me.start, started=time.time())

@@ -74,6 +74,7 @@ def new_job(spec: RunSpec, detached: bool, pid: int | None = None) -> tuple[JobR
         pid=pid,
         pid_start=procs.start_time(pid) if pid else None,
         cpus=spec.cpus_per_node,
+        gpus=spec.gpu_share,
     )
     return _save(job_dir, record), job_dir
 
