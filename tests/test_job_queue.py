@@ -96,3 +96,29 @@ def test_gpu_fractions_share_a_gpu_as_skypilots_multi_echo(home: Path, start_emu
         assert statuses(cluster)[jobs[2].id] == "RUNNING"
     finally:
         cluster.down()
+
+
+def test_a_job_that_starts_rings_the_jobs_waiting_behind_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Job 2 waited only for job 1 to go first: job 1's start must wake it, not job 1's end
+    (a job asking for no GPU behind a GPU job would otherwise wait out that job)."""
+    import threading
+
+    from pytest_sky import procs
+    from pytest_sky.agent import queue
+    from pytest_sky.protocol import JobRecord, JobStatus, RunSpec
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    jobs = tmp_path / ".sky" / "jobs"
+    for job_id in ("1", "2"):
+        (jobs / job_id).mkdir(parents=True)
+    queue.Doorbell(str(jobs / "2"))  # job 2 is waiting: its bell is there, held open
+    me = os.getpid()
+    (jobs / "queue").write_text(f"2 {me} {procs.start_time(me)} 0.5 0.0 P\n")
+    spec = RunSpec(cluster="c", task_name="t", nodes=[])
+    first = JobRecord(id=1, status=JobStatus.PENDING)
+    assert queue.take_turn(first, str(jobs / "1"), spec, threading.Event(), []) is True
+    listener = os.open(jobs / "2" / queue.BELL, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert os.read(listener, 16) == b"!"
+    finally:
+        os.close(listener)

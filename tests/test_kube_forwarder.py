@@ -49,12 +49,14 @@ def forwarder_of(name: str) -> kube_forwarder.Handle:
     return handle
 
 
-def processes_running(module: str) -> list[int]:
-    """Pids whose command line runs ``module`` (``-m`` or the module's file)."""
+def processes_running(module: str, cluster: str) -> list[int]:
+    """Pids whose command line runs ``module`` (``-m`` or the module's file) for ``cluster``'s
+    pods: other tests (xdist workers) have clusters of their own on this machine."""
     found = []
     for pid in procs.pids():
         argv = procs.cmdline(pid) or []
-        if module in argv or any(a.endswith(module.replace(".", "/") + ".py") for a in argv):
+        runs = module in argv or any(a.endswith(module.replace(".", "/") + ".py") for a in argv)
+        if runs and any(cluster in a for a in argv):
             found.append(pid)
     return found
 
@@ -79,12 +81,12 @@ def test_no_connection_starts_a_process_that_loads_the_kubernetes_client(home: P
     """The shared master's ProxyCommand, raw connections and a handle in another process:
     none of them starts ``kube_proxy`` (most of a CPU second each)."""
     with launch(emu, "fwd-lean") as c:
-        assert processes_running("pytest_sky.ssh.kube_proxy") == []
-        assert len(processes_running("pytest_sky.ssh.kube_dial")) == 1  # the ControlMaster's relay
+        assert processes_running("pytest_sky.ssh.kube_proxy", c.name) == []
+        assert len(processes_running("pytest_sky.ssh.kube_dial", c.name)) == 1  # the ControlMaster's relay
         for args in ([], RAW):
             proc = ssh(c, *args)
             assert proc.stdout.strip() == "fwd-lean-head", proc.stderr
-        assert processes_running("pytest_sky.ssh.kube_proxy") == []
+        assert processes_running("pytest_sky.ssh.kube_proxy", c.name) == []
 
 
 def test_twenty_raw_connections_at_once_all_get_through(home: Path, emu: Emulator):

@@ -10,8 +10,9 @@ GPUs are shared by the fractions jobs ask for (``V100:0.5`` holds half of one), 
 node's whole GPUs.
 
 Waiting is event-driven: a job that must wait makes a doorbell (a FIFO in its directory), and
-every job that ends rings the bell of every job still pending; a pending job then looks again,
-under the queue's lock.  The bell exists before the look that sends it to wait, so a ring that
+every job that ends, or starts, rings the bell of every job still pending (one that waited
+only for its elder to go first may go now); a pending job then looks again, under the queue's
+lock.  The bell exists before the look that sends it to wait, so a ring that
 comes between that look and the wait stays in the pipe and is never lost.  A cancel (SIGTERM)
 or an attached client that goes away rings the job's own bell.
 """
@@ -142,10 +143,13 @@ def take_turn(record: JobRecord, job_dir: str, spec: RunSpec, cancelled, bell: l
                 entries.append(me)
                 if me.running:
                     update(job_dir, status=JobStatus.RUNNING, pid=me.pid, pid_start=me.start, started=time.time())
-                    return True
-                if not bell:  # made before the next look: no ring between look and wait is lost
+                    waiting = [e.id for e in entries if not e.running]
+                elif not bell:  # made before the next look: no ring between look and wait is lost
                     bell.append(Doorbell(job_dir))
                     continue
+            if me.running:  # a later job that waited only for this one to go first may go now
+                _ring(waiting)
+                return True
             bell[0].wait()
     finally:
         if bell:
@@ -158,7 +162,11 @@ def leave(record: JobRecord) -> None:
     with ledger.locked() as entries:
         entries[:] = [e for e in entries if e.id != record.id]
         pending = [e.id for e in entries if not e.running]
-    for job_id in pending:
+    _ring(pending)
+
+
+def _ring(job_ids: list[int]) -> None:
+    for job_id in job_ids:
         try:
             fd = os.open(os.path.join(jobs_dir(), str(job_id), BELL), os.O_WRONLY | os.O_NONBLOCK)
         except OSError:  # not waiting yet (it looks before it waits), or gone
