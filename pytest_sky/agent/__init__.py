@@ -41,6 +41,7 @@ import time
 from pytest_sky import procs, shell
 from pytest_sky.agent.control import COMMANDS
 from pytest_sky.agent.fanout import execute
+from pytest_sky.agent.queue import Cancellation
 from pytest_sky.agent.records import Emitter, new_job, update
 from pytest_sky.protocol import JobEvent, JobRecord, JobStatus, RunSpec, read_spec
 
@@ -66,13 +67,7 @@ def run_main() -> int:
     record, job_dir = new_job(spec, detached=False, pid=os.getpid())  # its start time: new_job's
     emitter = Emitter(job_dir, to_stdout=True)
     emitter.event(JobEvent(record.id, record.task_id))
-    cancelled = threading.Event()
-    bell: list = []  # the job's doorbell, while it waits in the queue (agent.queue)
-
-    def cancel(*_: object) -> None:
-        cancelled.set()
-        if bell:
-            bell[0].ring()
+    cancel = Cancellation()
 
     def lifeline() -> None:
         try:
@@ -86,7 +81,7 @@ def run_main() -> int:
     threading.Thread(target=lifeline, daemon=True).start()
     signal.signal(signal.SIGTERM, cancel)
     signal.signal(signal.SIGHUP, cancel)
-    execute(spec, record, job_dir, emitter, cancelled, bell)
+    execute(spec, record, job_dir, emitter, cancel.event, cancel.bell)
     return 0
 
 
@@ -113,16 +108,7 @@ def submit_main() -> int:
 def _daemon(spec: RunSpec, record: JobRecord, job_dir: str, tell: int) -> int:
     """The detached job's own process: no terminal, its output in the job's ``agent.log``."""
     try:
-        import threading
-
-        cancelled = threading.Event()
-        bell: list = []  # the job's doorbell, while it waits in the queue (agent.queue)
-
-        def cancel(*_: object) -> None:
-            cancelled.set()
-            if bell:
-                bell[0].ring()
-
+        cancel = Cancellation()
         signal.signal(signal.SIGTERM, cancel)  # before its pid is known: a cancel may come next
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         record = update(job_dir, pid=os.getpid(), pid_start=procs.start_time(os.getpid()))
@@ -132,7 +118,7 @@ def _daemon(spec: RunSpec, record: JobRecord, job_dir: str, tell: int) -> int:
         os.dup2(devnull, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        execute(spec, record, job_dir, Emitter(job_dir, to_stdout=False), cancelled, bell)
+        execute(spec, record, job_dir, Emitter(job_dir, to_stdout=False), cancel.event, cancel.bell)
         return 0
     except BaseException as exc:  # noqa: BLE001 - a daemon has nobody to raise to
         update(job_dir, status=JobStatus.FAILED, error=f"agent error: {exc!r}", ended=time.time())

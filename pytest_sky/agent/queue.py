@@ -88,6 +88,22 @@ class Entry:
         return procs.alive_reaping(self.pid, self.start)
 
 
+class Cancellation:
+    """A job's cancel flag and the doorbell it rings while the job waits in the queue: one
+    callable for the signal handlers and the attached run's lifeline."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.event = threading.Event()
+        self.bell: list[Doorbell] = []  # filled by take_turn once the job must wait
+
+    def __call__(self, *_: object) -> None:
+        self.event.set()
+        if self.bell:
+            self.bell[0].ring()
+
+
 class _Ledger:
     """The live jobs, read and written under the queue's lock: a few short lines, where the
     jobs' own records would cost every run a JSON parse of every job the head ever kept."""
