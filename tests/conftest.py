@@ -105,9 +105,14 @@ def start_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
 def memory_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """The in-memory backend (tests/fake_backend.py) registered as ``memory``, with a fresh
     ledger: for lifecycle, plugin and CLI logic that needs no node to exist."""
-    from pytest_sky import registry
-    from tests import fake_backend
+    import importlib
 
+    from pytest_sky import registry
+
+    # The module the registry's factory will import: an in-process pytester run restores
+    # sys.modules afterwards, and ``from tests import fake_backend`` could then name an older
+    # copy, whose ledger the backend never writes to.
+    fake_backend = importlib.import_module("tests.fake_backend")
     monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, fake_backend.ENTRY))
     monkeypatch.setattr(fake_backend, "LEDGER", fake_backend.Ledger())
     yield fake_backend.LEDGER
