@@ -60,6 +60,19 @@ TERMINAL = frozenset((JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 LIVE = frozenset((JobStatus.PENDING, JobStatus.RUNNING))
 
 
+class FailedPhase(str, Enum):
+    """Where a FAILED job failed: its setup (sky's FAILED_SETUP), its run, or its agent died
+    (FAILED_DRIVER: its cluster was stopped, say).  ``JobRecord.status`` stays one of the
+    public contract's five; the CLI writes sky's word from this (``cli.job_report``)."""
+
+    SETUP = "setup"
+    RUN = "run"
+    DRIVER = "driver"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # ------------------------------------------------------------------------------ records
 
 
@@ -339,11 +352,7 @@ class JobRecord:
     submitted: float = 0.0
     started: float | None = None
     ended: float | None = None
-    cpus: float = DEFAULT_JOB_CPUS  # held on each node while RUNNING (the job queue counts them)
-    gpus: float = 0.0  # likewise
-    #: ``"setup"`` when the job FAILED in its setup (sky's FAILED_SETUP), ``"driver"`` when its
-    #: agent died (FAILED_DRIVER: ``cli.job_report``); ``status`` stays one of the contract's five.
-    failed_phase: str | None = None
+    failed_phase: FailedPhase | None = None  # set when FAILED
 
     def encode(self) -> str:
         return to_json(self.as_dict())  # type: ignore[attr-defined]
@@ -352,6 +361,8 @@ class JobRecord:
     def from_wire(cls, wire: dict) -> JobRecord:
         known = {k: v for k, v in wire.items() if k in cls.fields}  # type: ignore[attr-defined]
         known["status"] = JobStatus(wire["status"])
+        if wire.get("failed_phase") is not None:
+            known["failed_phase"] = FailedPhase(wire["failed_phase"])
         return cls(**known)
 
 

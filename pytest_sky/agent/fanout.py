@@ -14,7 +14,17 @@ import time
 from pytest_sky.agent.queue import leave, take_turn
 from pytest_sky.agent.rank import SETUP_UNSET, STOP_GRACE_SECONDS, Rank
 from pytest_sky.agent.records import Emitter, update
-from pytest_sky.protocol import DoneEvent, ExitEvent, JobRecord, JobStatus, NodeRef, PhaseEvent, RunSpec, to_json
+from pytest_sky.protocol import (
+    DoneEvent,
+    ExitEvent,
+    FailedPhase,
+    JobRecord,
+    JobStatus,
+    NodeRef,
+    PhaseEvent,
+    RunSpec,
+    to_json,
+)
 
 
 def _rank_envs(spec: RunSpec, task_id: str):
@@ -121,7 +131,7 @@ def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, c
         emitter.event(PhaseEvent(phase))
         codes, returncode, error = _run_phase(phase, script, spec, env_for, emitter, cancelled)
         if error:
-            failed_phase = phase
+            failed_phase = FailedPhase(phase)
             break
     if cancelled.is_set() and returncode == 0 and not error:
         returncode, error = 130, "the job was cancelled before it ran"

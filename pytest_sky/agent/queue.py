@@ -147,7 +147,8 @@ def take_turn(record: JobRecord, job_dir: str, spec: RunSpec, cancelled, bell: l
     """Wait for the job's turn and mark it RUNNING (True), or return False once it is
     cancelled while it waits.  ``bell`` receives the doorbell once one is made, for the
     caller's signal handlers to ring."""
-    me = Entry(record.id, os.getpid(), procs.start_time(os.getpid()) or 0, record.cpus, record.gpus, running=False)
+    start = procs.start_time(os.getpid()) or 0
+    me = Entry(record.id, os.getpid(), start, spec.cpus_per_node, spec.gpu_share, running=False)
     ledger = _Ledger()
     try:
         while True:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from pytest_sky import procs
-from pytest_sky.protocol import TERMINAL, Event, JobRecord, JobStatus, RunSpec, decode_record, to_json
+from pytest_sky.protocol import TERMINAL, Event, FailedPhase, JobRecord, JobStatus, RunSpec, decode_record, to_json
 
 
 def jobs_dir() -> str:
@@ -73,8 +73,6 @@ def new_job(spec: RunSpec, detached: bool, pid: int | None = None) -> tuple[JobR
         submitted=time.time(),
         pid=pid,
         pid_start=procs.start_time(pid) if pid else None,
-        cpus=spec.cpus_per_node,
-        gpus=spec.gpu_share,
     )
     return _save(job_dir, record), job_dir
 
@@ -122,7 +120,11 @@ def died(job_dir: str) -> JobRecord:
         return record
     # sky's FAILED_DRIVER: what a job on a stopped cluster becomes (``cli.job_report``).
     return update(
-        job_dir, status=JobStatus.FAILED, error="the job's agent died", failed_phase="driver", ended=time.time()
+        job_dir,
+        status=JobStatus.FAILED,
+        error="the job's agent died",
+        failed_phase=FailedPhase.DRIVER,
+        ended=time.time(),
     )
 
 

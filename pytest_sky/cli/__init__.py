@@ -79,6 +79,22 @@ def _add_name_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_yes_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: sky's flag, kept for scripts)")
+
+
+def _add_detach_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-d",
+        "--detach",
+        "--detach-run",
+        "--async",
+        dest="detach",
+        action="store_true",
+        help="submit the task and return (sky's -d/--detach-run and --async)",
+    )
+
+
 def _add_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
     p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
@@ -147,21 +163,13 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     )
     p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
     _add_name_option(p)
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: sky's flag, kept for scripts)")
+    _add_yes_option(p)
     p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="number of nodes (default: the task's, or 1)")
     p.add_argument("--gpus", metavar="SPEC", help="accelerators per node, e.g. V100:1 or V100:0.5")
     p.add_argument("--cpus", metavar="N", help="CPUs per node, e.g. 2 or 4+")
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
     _add_cluster_options(p)
-    p.add_argument(
-        "-d",
-        "--detach",
-        "--detach-run",
-        "--async",
-        dest="detach",
-        action="store_true",
-        help="submit the task and return (sky's -d/--detach-run and --async)",
-    )
+    _add_detach_option(p)
     p.add_argument(
         "--fast",
         action="store_true",
@@ -181,9 +189,7 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("cluster", nargs="?", metavar="NAME")
     p.add_argument("-c", "--cluster", dest="cluster_flag", metavar="NAME", help="the cluster, as an option (sky's -c)")
     _add_name_option(p)
-    p.add_argument(
-        "-d", "--detach", "--detach-run", "--async", dest="detach", action="store_true", help="submit and return"
-    )
+    _add_detach_option(p)
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
     p.set_defaults(func=cmd_exec)
@@ -242,7 +248,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("cluster", metavar="NAME")
     p.add_argument("jobs", nargs="*", type=_positive_int, metavar="JOB")
     p.add_argument("-a", "--all", action="store_true", help="every pending or running job")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: sky's flag, kept for scripts)")
+    _add_yes_option(p)
     p.set_defaults(func=cmd_cancel)
 
 
@@ -277,7 +283,7 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
         action="store_true",
         help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
     )
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
+    _add_yes_option(p)
     p.set_defaults(func=cmd_down)
 
     for command, func, summary, example in (
@@ -287,7 +293,7 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
         p = add(command, summary, f"  {example}\n  {example.replace(' dev', ' -a')}")
         p.add_argument("names", nargs="*", metavar="NAME")
         p.add_argument("-a", "--all", action="store_true", help=f"every cluster in the state directory ({command})")
-        p.add_argument("-y", "--yes", action="store_true", help="do not ask (nothing asks: kept for scripts)")
+        _add_yes_option(p)
         p.set_defaults(func=func)
 
     p = add(

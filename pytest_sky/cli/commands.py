@@ -328,12 +328,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
         job_id = jobs[-1]["id"]
     job = cluster.job(job_id)
     try:
-        status = job.status
+        info = job.info()  # one call to the head: the status and how it failed
     except RunError:
         console.error(f"Job {job_id} not found on cluster {cluster.name!r}")
         return JobExitCode.NOT_FOUND
+    status = JobStatus(info["status"])
     if args.status:
-        print(job_report.status_line(job_id, status, job.info().get("failed_phase")))
+        print(job_report.status_line(job_id, status, info.get("failed_phase")))
         return JobExitCode.of(status)
     if args.sync_down:
         return _sync_down(cluster, job)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from pytest_sky.protocol import LIVE, JobStatus
+from pytest_sky.protocol import LIVE, FailedPhase, JobStatus
 
 #: The name of a task made from a command line (SkyPilot's ``sky-cmd``); ``-n`` overrides it.
 COMMAND_TASK_NAME = "sky-cmd"
@@ -43,10 +43,10 @@ def submitted(job_id: int) -> str:
 
 
 #: sky's words for how a FAILED job failed (``JobRecord.failed_phase``).
-FAILED_WORDS = {"setup": "FAILED_SETUP", "driver": "FAILED_DRIVER"}
+FAILED_WORDS = {FailedPhase.SETUP: "FAILED_SETUP", FailedPhase.DRIVER: "FAILED_DRIVER"}
 
 
-def sky_status(status: JobStatus | str, failed_phase: str | None = None) -> str:
+def sky_status(status: JobStatus | str, failed_phase: FailedPhase | str | None = None) -> str:
     """The status as sky writes it: a job that failed in its setup is ``FAILED_SETUP``, one
     whose agent died (its cluster stopped, say) ``FAILED_DRIVER``."""
     if status == JobStatus.FAILED and failed_phase in FAILED_WORDS:
@@ -54,11 +54,11 @@ def sky_status(status: JobStatus | str, failed_phase: str | None = None) -> str:
     return str(status)
 
 
-def finished(status: JobStatus | str, failed_phase: str | None = None) -> str:
+def finished(status: JobStatus | str, failed_phase: FailedPhase | str | None = None) -> str:
     return f"Job finished (status: {sky_status(status, failed_phase)})."
 
 
-def status_line(job_id: int, status: JobStatus | str, failed_phase: str | None = None) -> str:
+def status_line(job_id: int, status: JobStatus | str, failed_phase: FailedPhase | str | None = None) -> str:
     """``logs --status``."""
     return f"Job {job_id}: {sky_status(status, failed_phase)}"
 

@@ -23,6 +23,7 @@ as its ``expirationTimestamp`` says, in a 0600 file of the user's state director
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import importlib
 import json
@@ -167,15 +168,10 @@ def load_kube_config(cfg: Any, kubeconfig: str | None, context: str | None) -> N
             kube_config.ExecProvider = real
 
 
-def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
-    """The client's ``portforward``, whose relay thread survives a reset connection.
-
-    The client's own relay (``ws_client.PortForward._proxy``) handles a websocket that closes,
-    but a connection the API server or a load balancer resets raises ``ConnectionResetError``
-    out of its thread: a traceback on the user's terminal and, under pytest, a test failed
-    for an unhandled thread exception.  Ours ends the way a close does: the local socket
-    reads end-of-file, which ssh reports as a closed connection."""
-    from kubernetes.client.rest import ApiException
+@functools.cache
+def _sturdy_port_forward() -> type:
+    """The client's ``PortForward`` with a relay that ends as a close does on an error too;
+    made once, on first use (the kubernetes client is imported only then)."""
     from kubernetes.stream import ws_client
     from websocket import WebSocketException
 
@@ -188,12 +184,28 @@ def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
                 for local in self.local_ports.values():
                     local.python.close()
 
+    return SturdyPortForward
+
+
+def open_forward(api: Any, namespace: str, pod: str, port: int = 22) -> Any:
+    """The client's ``portforward``, whose relay thread survives a reset connection.
+
+    The client's own relay (``ws_client.PortForward._proxy``) handles a websocket that closes,
+    but a connection the API server or a load balancer resets raises ``ConnectionResetError``
+    out of its thread: a traceback on the user's terminal and, under pytest, a test failed
+    for an unhandled thread exception.  Ours ends the way a close does: the local socket
+    reads end-of-file, which ssh reports as a closed connection."""
+    from kubernetes.client.rest import ApiException
+    from kubernetes.stream import ws_client
+
+    sturdy = _sturdy_port_forward()
+
     def call(configuration: Any, _method: str, url: str, **kwargs: Any) -> Any:
         try:
             websocket = ws_client.create_websocket(
                 configuration, ws_client.get_websocket_url(url), kwargs.get("headers")
             )
-            return SturdyPortForward(websocket, [port])
+            return sturdy(websocket, [port])
         except Exception as exc:  # as the client's own call reports a refused handshake
             raise ApiException(status=0, reason=str(exc)) from exc
 
