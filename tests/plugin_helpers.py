@@ -7,14 +7,13 @@ share these without importing each other.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from pytest_sky.doctor import link_owners
+from tests.leftovers import our_links, processes_mentioning
 
 
 def _local_backend_problem() -> str | None:
@@ -66,21 +65,6 @@ def link_names() -> set[str]:
     return {line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line}
 
 
-def processes_mentioning(text: str) -> list[str]:
-    """Live processes whose command line contains ``text`` (zombies have none)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{proc.name}: {cmdline.strip()}")
-    return found
-
-
 def cluster_leftovers(home: Path, info: dict) -> list[str]:
     name = info["name"]
     left = []
@@ -88,8 +72,7 @@ def cluster_leftovers(home: Path, info: dict) -> list[str]:
         left.append(f"state directory {home / 'clusters' / name}")
     # A link by its name and its owner: under xdist another worker's cluster may reuse the
     # name at once, and its alias then names that cluster's directory, not this one's.
-    owned = {n for n, owner in link_owners().items() if str(home / "clusters" / name) in owner}
-    left += [f"link {link}" for link in sorted(set(info["links"]) & owned)]
+    left += [f"link {link}" for link in our_links(home / "clusters" / name)]
     left += [f"process {p}" for p in processes_mentioning(f"{home}/clusters/{name}/")]
     return left
 

@@ -17,6 +17,7 @@ import pytest
 from pytest_sky.backends import local, netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.cluster import reap_orphans
+from pytest_sky.errors import ProvisionError
 from pytest_sky.state import StateStore
 from tests.bridges import IP, free_indexes
 
@@ -169,3 +170,19 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkey
         subprocess.run([IP, "route", "del", "blackhole", routed, "table", "51820"], check=False)
         if index is not None:
             netns.delete_links(IP, [local.bridge_name(index)])
+
+
+def test_a_link_that_survives_its_deletion_is_an_error_not_a_silent_leak(tmp_path: Path) -> None:
+    """``ip -force`` goes on past a failed line, so a deletion that did not happen would
+    otherwise pass for one that did, and teardown would report success over a leak."""
+    index = free_indexes(1)
+    name = local.bridge_name(index)
+    subnet, base = local.subnet_of(index)
+    assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
+    try:
+        with pytest.raises(ProvisionError, match=rf"^could not delete link {name} \(ip gave no reason\): run"):
+            netns.delete_links("/bin/true", [name])  # an ip that deletes nothing
+        assert netns.link_exists(name)
+    finally:
+        netns.delete_links(IP, [name])
+    assert not netns.link_exists(name)

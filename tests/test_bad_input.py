@@ -19,6 +19,7 @@ import pytest
 import pytest_sky
 from pytest_sky.errors import SkyError, TaskError
 from pytest_sky.task_file import MAX_TASK_FILE_BYTES
+from tests.leftovers import our_links
 
 CORPUS = Path(__file__).resolve().parent / "bad_input"
 CLI = Path(sys.executable).with_name("pytest-sky")
@@ -79,21 +80,6 @@ def sky_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "skyhome"
     monkeypatch.setenv("PYTEST_SKY_HOME", str(home))
     return home
-
-
-def our_links(home: Path) -> list[str]:
-    """psky* links whose owner (the link's alias) is a cluster directory under ``home``."""
-    found = []
-    for name in os.listdir("/sys/class/net"):
-        if not name.startswith("psky"):
-            continue
-        try:
-            alias = Path(f"/sys/class/net/{name}/ifalias").read_text().strip()
-        except OSError:
-            continue
-        if alias.startswith(str(home)):
-            found.append(name)
-    return found
 
 
 def assert_nothing_provisioned(home: Path) -> None:

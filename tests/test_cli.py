@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import our_links, processes_mentioning
+
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
 
@@ -200,31 +202,6 @@ def test_ctrl_c_during_launch_removes_what_it_created(home: Path):
     assert not (cluster_dir / "record.json").exists()
     assert our_links(str(home)) == [], subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert processes_mentioning(str(home)) == []
-
-
-def our_links(owner: str) -> list[str]:
-    """Our links whose alias (the cluster directory that made them) starts with ``owner``."""
-    links = []
-    for link in os.listdir("/sys/class/net"):
-        try:
-            alias = Path(f"/sys/class/net/{link}/ifalias").read_text().strip()
-        except OSError:  # gone between the listing and the read
-            continue
-        if link.startswith("psky") and alias.startswith(owner):
-            links.append(link)
-    return links
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{pid} {cmdline[:200]}")
-    return found
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")

@@ -21,6 +21,8 @@ from pytest_sky import procs
 from pytest_sky.backends import netns
 from pytest_sky.errors import NotSupportedError, TaskError
 from pytest_sky.job import JobStatus
+from pytest_sky.state import StateStore
+from tests.leftovers import live_nodes, our_links
 
 
 def launch_three() -> pytest_sky.Cluster:
@@ -33,8 +35,8 @@ def down_and_check_nothing_left(c: pytest_sky.Cluster) -> None:
     """Tear down after faults: no link, node process or cgroup of the cluster remains."""
     data = c.journal.load()  # the last nodes started (a restarted node's new pids)
     c.down()
-    assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
-    assert [n["pid"] for n in data["nodes"] if procs.is_alive(n["pid"], n.get("start_time"))] == []
+    assert our_links(StateStore().cluster_dir(c.name)) == []
+    assert live_nodes(data) == []
     assert [p for p in data["cgroups"] if p and os.path.exists(p)] == []
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sky import procs
-from pytest_sky.backends import netns
+from tests.leftovers import live_nodes, our_links
 
 INNER_RUN = """
 import os, pathlib
@@ -114,8 +113,7 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
         wait_for(signal_file, proc)
         (record,) = records(home)  # the cluster exists, or is being made, right now
         data = json.loads((home / "clusters" / record["name"] / "backend.json").read_text())
-        links = [data["bridge"], *data["veths"]]
-        assert netns.link_exists(data["bridge"])
+        assert data["bridge"] in our_links(home)
         proc.send_signal(sig)
         try:
             out, _ = proc.communicate(timeout=60)
@@ -129,5 +127,5 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     assert proc.returncode == 2, text  # pytest's "interrupted"
     assert "KeyboardInterrupt" in text
     assert records(home) == []
-    assert [n for n in links if netns.link_exists(n)] == []
-    assert [n["pid"] for n in data.get("nodes", []) if procs.is_alive(n["pid"], n.get("start_time"))] == []
+    assert our_links(home) == []
+    assert live_nodes(data) == []

@@ -19,9 +19,9 @@ import pytest_sky
 from pytest_sky import Task, procs
 from pytest_sky.backends import netns
 from pytest_sky.backends.local import LocalBackend
-from pytest_sky.doctor import link_owners
 from pytest_sky.errors import ProvisionError, RunTimeoutError, TaskError
 from pytest_sky.state import StateStore
+from tests.leftovers import live_nodes, our_links
 from tests.unprivileged import AS_NOBODY, AS_ROOT_WITHOUT_CAPS, run_python, world_dir
 
 
@@ -41,11 +41,9 @@ def by_rank(result: pytest_sky.RunResult) -> list[str]:
     return [r.stdout.strip() for r in result.ranks]
 
 
-def gone(record_data: dict, bridge: str) -> list[str]:
-    """What of a torn-down cluster is still here (should be nothing)."""
-    left = [n for n in [bridge, *record_data.get("veths", [])] if netns.link_exists(n)]
-    left += [str(n["pid"]) for n in record_data.get("nodes", []) if procs.is_alive(n["pid"], n.get("start_time"))]
-    return left
+def gone(record_data: dict, name: str) -> list[str]:
+    """What of cluster ``name`` is still here (nothing, once it is torn down)."""
+    return [*our_links(StateStore().cluster_dir(name)), *map(str, live_nodes(record_data))]
 
 
 def test_hostnames_and_hosts_file(cluster3):
@@ -167,9 +165,9 @@ def test_single_node_prefix(sky_home: Path):
 def test_teardown_removes_links_processes_and_record(sky_home: Path):
     c = pytest_sky.launch(num_nodes=2, name=f"lbdown-{os.getpid() % 10000}")
     data = c.journal.load()
-    assert gone(data, data["bridge"]) == [data["bridge"], *data["veths"], *(str(n["pid"]) for n in data["nodes"])]
+    assert gone(data, c.name) == sorted([data["bridge"], *data["veths"]]) + [str(n["pid"]) for n in data["nodes"]]
     c.down()
-    assert gone(data, data["bridge"]) == []
+    assert gone(data, c.name) == []
     assert StateStore().load(c.name) is None
     c.down()  # idempotent
 
@@ -186,7 +184,7 @@ def test_teardown_is_no_slower_than_bring_up_and_frees_the_name_at_once(sky_home
     t0 = time.perf_counter()
     c.down()
     down = time.perf_counter() - t0
-    assert gone(data, data["bridge"]) == []
+    assert gone(data, name) == []
     assert [p for p in data["cgroups"] if p and Path(p).exists()] == []
     assert down <= up, f"teardown {down:.3f} s, bring-up {up:.3f} s"
     with pytest_sky.launch(num_nodes=1, name=name) as again:
@@ -289,7 +287,7 @@ def test_failed_provision_leaves_nothing(sky_home: Path, monkeypatch: pytest.Mon
     assert time.monotonic() - start < 30
     # Nothing of this cluster (links are told apart by the directory their alias names: the
     # module's other clusters, other runs and xdist workers have links of their own).
-    assert [n for n, owner in link_owners().items() if str(sky_home / "clusters" / name) in owner] == []
+    assert our_links(sky_home / "clusters" / name) == []
     assert StateStore().load(name) is None
 
 

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
+from tests.leftovers import processes_mentioning
 from tests.plugin_helpers import (
     RECORDER,
     assert_no_traceback,
     assert_nothing_left,
     link_names,
     needs_local_backend,
-    processes_mentioning,
     recorded,
     report_block,
 )

@@ -12,14 +12,10 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
-from pytest_sky.backends import netns
 from pytest_sky.job import JobStatus
+from tests.leftovers import our_links
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
-
-
-def our_links(home: Path) -> list[str]:
-    return [n for n in os.listdir("/sys/class/net") if n.startswith("psky") and str(home) in netns.link_alias(n)]
 
 
 def test_killed_head_agent_fails_the_job_and_stops_every_rank(home: Path):

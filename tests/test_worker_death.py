@@ -10,9 +10,8 @@ import time
 import pytest
 
 import pytest_sky
-from pytest_sky import procs
-from pytest_sky.backends import netns
 from pytest_sky.job import JobStatus
+from tests.leftovers import live_nodes, our_links
 
 
 @pytest.fixture
@@ -23,8 +22,8 @@ def cluster(tmp_path, monkeypatch):
     data = c.journal.load()
     yield c
     c.down()
-    assert [n for n in [data["bridge"], *data["veths"]] if netns.link_exists(n)] == []
-    assert [n["pid"] for n in data["nodes"] if procs.is_alive(n["pid"], n.get("start_time"))] == []
+    assert our_links(tmp_path) == []
+    assert live_nodes(data) == []
 
 
 def wait_running(job, timeout: float = 10) -> None:

@@ -182,10 +182,23 @@ def bridge_owned_by(owner: str) -> str | None:
 
 
 def delete_links(ip: str, names: Sequence[str]) -> None:
-    """Delete links that exist; a link already gone is fine (teardown is idempotent)."""
-    present = [n for n in names if link_exists(n)]
-    if present:
-        ip_batch(ip, [f"link del {n}" for n in present], force=True)
+    """Delete links that exist; a link already gone is fine (teardown is idempotent).
+
+    One still there afterwards is an error that names it: a teardown never reports success
+    over a leak.  Still there means the same name *and* owner (alias): the moment a bridge
+    is gone its name is free, and another cluster's launch may take it at once.
+    """
+    present = {n: link_alias(n) for n in names if link_exists(n)}
+    if not present:
+        return
+    err = ip_batch(ip, [f"link del {n}" for n in present], force=True)
+    left = [n for n, owner in present.items() if link_exists(n) and link_alias(n) == owner]
+    if left:
+        why = err.strip().splitlines()[0] if err.strip() else "ip gave no reason"
+        raise ProvisionError(
+            f"could not delete link {', '.join(left)} ({why}): run `pytest-sky down --all` again, "
+            "or delete it with `ip link del <name>`"
+        )
 
 
 #: Link groups (``ip link ... group N``) of our clusters: bridge ``psky<i>`` and its veths
