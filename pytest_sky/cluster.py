@@ -29,7 +29,7 @@ from pytest_sky.script_files import ship_long_scripts
 from pytest_sky.settings import Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
-from pytest_sky.ssh import kube_proxy
+from pytest_sky.ssh import kube_dial, kube_proxy
 from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, check_shared_dir, validate_envs
 
@@ -59,7 +59,7 @@ class Cluster:
         self._backend = backend
         self._store = store
         self._client: paramiko.SSHClient | None = None
-        self._forward: kube_proxy.Forward | None = None  # the head's port-forward, where it has one
+        self._forward: kube_proxy.Forward | kube_dial.Dialled | None = None  # the head's port-forward, if any
         self._door_state: Door | None = None
         self._lock = threading.Lock()
         self.last_result: RunResult | None = None
@@ -415,12 +415,12 @@ class Cluster:
 
     def _connect(self, route: SshRoute) -> paramiko.SSHClient:
         """The client's connection to the head: direct, or through the head's port-forward,
-        opened in this process (a ProxyCommand would start a process that loads the
-        kubernetes client again, most of a CPU second, for every connection)."""
+        asked of the cluster's forwarder or opened in this process (never a ProxyCommand
+        process: one more interpreter for every connection)."""
         d = self._store.cluster_dir(self.name)
         sock = None
         if route.port_forward is not None:
-            self._forward = kube_proxy.open_in_process(route.port_forward)
+            self._forward = kube_proxy.open_head(route.port_forward, route.dial_socket)
             sock = self._forward.socket
         proxy = route.proxy_command if sock is None else None
         return ssh_client.connect(

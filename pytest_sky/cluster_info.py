@@ -38,6 +38,9 @@ class SshRoute:
     proxy_jump: str | None = None  # the alias of the node to hop through (workers behind a head)
     #: The same port-forward as ``proxy_command``, for a client that opens it in-process.
     port_forward: PortForward | None = None
+    #: The cluster's forwarder (``ssh.kube_forwarder``), which opens that port-forward for a
+    #: client that asks it, so the client need not load the kubernetes client itself.
+    dial_socket: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SshRoute:

@@ -57,5 +57,10 @@ say "installing pytest-sky, its test extras and NeMo"
 # forbids writing bytecode (PYTHONDONTWRITEBYTECODE, set in many CI images) every process
 # would compile them again: each CLI call, inner pytest run, node start and agent server.
 # Compiled once here; a stale file is recompiled in memory, never trusted.
-.venv/bin/python -m compileall -q pytest_sky kube_emulator bench
+# Test modules are compiled by pytest, which rewrites their asserts first and, for the same
+# reason, would do it again in every xdist worker and inner pytest run: one collection here
+# leaves its rewritten modules cached (pytest reads the cache even where it may not write it).
+.venv/bin/python -m compileall -q pytest_sky kube_emulator bench tests
+PYTHONDONTWRITEBYTECODE='' .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null \
+  || say "the tests do not collect: .venv/bin/python -m pytest --collect-only says why"
 say "ready: .venv/bin/python -m pytest smoke -k multinode"

@@ -106,6 +106,11 @@ def test_the_cli_of_another_process_is_served_by_the_launchs_forwarder(
         # A raw connection from a process that cannot load the kubernetes client at all.
         raw = ssh(c, *RAW, env=no_kubernetes_client)
         assert raw.stdout.strip() == "fwd-cli-head", raw.stderr
+        # The CLI's own connection (exec, logs, queue) is the forwarder's too: no API client here.
+        run = subprocess.run(
+            [SCRIPT, "exec", c.name, "hostname"], capture_output=True, text=True, timeout=60, env=no_kubernetes_client
+        )
+        assert run.returncode == 0 and "fwd-cli-head" in run.stdout, run.stdout + run.stderr
 
 
 def test_without_its_forwarder_a_connection_falls_back_to_the_proxy(home: Path, emu: Emulator):
@@ -115,6 +120,8 @@ def test_without_its_forwarder_a_connection_falls_back_to_the_proxy(home: Path, 
         assert not os.path.exists(handle.socket)
         proc = ssh(c, *RAW)
         assert proc.stdout.strip() == "fwd-gone-head", proc.stderr
+        run = subprocess.run([SCRIPT, "exec", c.name, "hostname"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and "fwd-gone-head" in run.stdout, run.stdout + run.stderr  # opened in-process
 
 
 def test_a_dropped_stream_leaves_the_forwarder_serving(home: Path, emu: Emulator):

@@ -5,26 +5,46 @@ Which context and namespace are used is settled the way kubectl settles it (KUBE
 kubeconfig's current context and its namespace, else the pod's service account), once, on
 the first request: nothing is read from disk or the network when the backend is built.
 Everything else of the backend reaches the API server through a :class:`KubeClient`, and
-catches :data:`ApiException` from here.
+catches ``kube_client.ApiException``.
+
+The client is imported on first use, never with this module: ``import kubernetes`` costs a
+quarter of a CPU-second and ``CoreV1Api``'s module (its typed models) three times that, which
+a CLI call that only reads a cluster's record (``exec``, ``logs``, ``queue``) would pay for
+nothing.  So the rest of the backend names ``kube_client.ApiException`` where it catches it
+(evaluated only when something is raised), never imports it by name.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
-
-from kubernetes import client, config, watch
-from kubernetes.client import CoreV1Api
-from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import stream
+from typing import TYPE_CHECKING, Any
 
 from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import BackendUnavailableError
 from pytest_sky.ssh import kube_proxy
 
+if TYPE_CHECKING:
+    from kubernetes import client, watch
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
 __all__ = ["ApiException", "CoreV1Api", "KubeClient"]
+
+
+def __getattr__(name: str) -> Any:
+    """``ApiException`` and ``CoreV1Api``, imported when first named (see the module's docstring)."""
+    if name == "ApiException":
+        from kubernetes.client.exceptions import ApiException
+
+        return ApiException
+    if name == "CoreV1Api":
+        from kubernetes.client import CoreV1Api
+
+        return CoreV1Api
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Where a pod finds its own namespace (in-cluster configuration).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -47,6 +67,9 @@ class KubeClient:
     def api(self) -> CoreV1Api:
         if self._api is not None:
             return self._api
+        from kubernetes import client
+        from kubernetes.client import CoreV1Api
+
         cfg = client.Configuration()
         path = self.kubeconfig or os.path.expanduser("~/.kube/config")
         if os.path.exists(path.split(os.pathsep)[0]):
@@ -64,6 +87,8 @@ class KubeClient:
 
     def _load_kubeconfig(self, cfg: client.Configuration, path: str) -> None:
         """The context asked for (else the current one) and its namespace, unless one was asked."""
+        from kubernetes import config
+
         try:
             contexts, current = config.list_kube_config_contexts(config_file=path)
         except config.ConfigException as exc:
@@ -82,6 +107,8 @@ class KubeClient:
         self.kubeconfig = path
 
     def _load_in_cluster(self, cfg: client.Configuration) -> None:
+        from kubernetes import config
+
         config.load_incluster_config(client_configuration=cfg)
         self.in_cluster = True
         self.context = IN_CLUSTER
@@ -95,8 +122,10 @@ class KubeClient:
     def stream_api(self) -> CoreV1Api:
         """A client of its own for each exec or port-forward: the client's ``stream`` swaps its
         ApiClient's request function while it runs, which breaks any other call sharing it."""
+        from kubernetes import client
+
         self.api()
-        return CoreV1Api(client.ApiClient(self._cfg))
+        return client.CoreV1Api(client.ApiClient(self._cfg))
 
     @property
     def server(self) -> str:
@@ -114,6 +143,8 @@ class KubeClient:
     def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
         """Run ``command`` in ``pod``'s container: its exit code and its output (stdout and
         stderr as they came); exit 1 where the exec ended without a status."""
+        from kubernetes.stream import stream
+
         resp = stream(
             self.stream_api().connect_get_namespaced_pod_exec,
             pod,
@@ -146,6 +177,8 @@ class KubeClient:
         """A watch of the pods of ``selector`` from ``version``, for at most ``seconds``: the
         watch (to stop it) and its stream of events.  Started with ``timeout_seconds``, it
         gets no 410-Gone retry from the client: an expired version raises ApiException(410)."""
+        from kubernetes import watch
+
         w = watch.Watch()
         events = w.stream(
             self.api().list_namespaced_pod,
@@ -159,4 +192,6 @@ class KubeClient:
     @staticmethod
     def delete_options(uid: str, grace_period: int | None = None) -> client.V1DeleteOptions:
         """Delete only the object of this uid (a same-named replacement is never hit)."""
+        from kubernetes import client
+
         return client.V1DeleteOptions(grace_period_seconds=grace_period, preconditions=client.V1Preconditions(uid=uid))

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_sky.backends import kube_client
 from pytest_sky.backends import kube_manifests as manifests
-from pytest_sky.backends.kube_client import ApiException, KubeClient
+from pytest_sky.backends.kube_client import KubeClient
 from pytest_sky.backends.kube_journal import KubeRecord
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class Ownership:
         """The uid of the object ``ref`` names if it exists and this launch made it."""
         try:
             obj = self._verbs(ref.kind)[0](ref.name, self.client.namespace, _request_timeout=30)
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
@@ -104,7 +105,7 @@ class Ownership:
         options = self.client.delete_options(uid, grace_period)
         try:
             self._verbs(ref.kind)[1](ref.name, self.client.namespace, body=options, _request_timeout=30)
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             if exc.status in (404, 409):  # gone, or a new object of that name: not ours
                 return False
             raise
@@ -133,7 +134,7 @@ class Ownership:
                 break
             try:
                 self._watch_deletions(pods, sel, listing.metadata.resource_version, min(left, 30))
-            except ApiException as exc:
+            except kube_client.ApiException as exc:
                 if exc.status != 410:  # 410 Gone: the list above is re-read
                     raise
         if pods:

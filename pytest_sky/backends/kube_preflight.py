@@ -7,7 +7,8 @@ fail half-way on one of these fails here, with nothing to clean up.
 
 from __future__ import annotations
 
-from pytest_sky.backends.kube_client import ApiException, KubeClient
+from pytest_sky.backends import kube_client
+from pytest_sky.backends.kube_client import KubeClient
 from pytest_sky.backends.kube_errors import api_message
 from pytest_sky.errors import BackendUnavailableError
 
@@ -18,7 +19,7 @@ def check_namespace(client: KubeClient) -> None:
     api = client.api()
     try:
         api.read_namespace(client.namespace, _request_timeout=30)
-    except ApiException as exc:
+    except kube_client.ApiException as exc:
         if exc.status == 404:
             raise BackendUnavailableError(
                 f"namespace {client.namespace!r} does not exist in kube context {client.context!r}; "
@@ -40,7 +41,7 @@ def check_claim(client: KubeClient, claim_name: str | None, shared_dir: str) -> 
     """The shared directory's claim exists here and many pods may write to it at once."""
     try:
         claim = client.api().read_namespaced_persistent_volume_claim(claim_name, client.namespace)
-    except ApiException as exc:
+    except kube_client.ApiException as exc:
         if exc.status == 404:
             raise BackendUnavailableError(
                 f"shared_dir={shared_dir}: no PersistentVolumeClaim {claim_name!r} in namespace "
@@ -62,7 +63,7 @@ def visible_gpus(client: KubeClient) -> tuple[bool, str]:
     skip, saying so, rather than fail on a cluster that may have no GPU at all."""
     try:
         nodes = client.api().list_node(_request_timeout=30).items
-    except ApiException as exc:
+    except kube_client.ApiException as exc:
         return False, (
             f"kube context {client.context!r} may not list nodes ({exc.status} {exc.reason}), so no GPU "
             "is visible: grant list on nodes (a ClusterRole) to run GPU tests"
@@ -74,5 +75,5 @@ def node_labels(client: KubeClient) -> list[dict[str, str]] | None:
     """Every node's labels, or None where the context may not list nodes."""
     try:
         return [dict(n.metadata.labels or {}) for n in client.api().list_node(_request_timeout=30).items]
-    except ApiException:
+    except kube_client.ApiException:
         return None

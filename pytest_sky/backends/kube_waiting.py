@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sky import console
+from pytest_sky.backends import kube_client, kube_policy
 from pytest_sky.backends import kube_manifests as manifests
-from pytest_sky.backends import kube_policy
-from pytest_sky.backends.kube_client import ApiException, KubeClient
+from pytest_sky.backends.kube_client import KubeClient
 from pytest_sky.backends.kube_errors import Refusal
 from pytest_sky.errors import ProvisionError
 from pytest_sky.ssh import kube_proxy
@@ -102,7 +102,7 @@ class PodWaiter:
                 )
             try:
                 self._watch(sel, listing.metadata.resource_version, min(left, WATCH_SLICE), ips, names)
-            except ApiException as exc:
+            except kube_client.ApiException as exc:
                 if exc.status != 410:
                     raise
                 log.debug("watch of the pods of %s expired (410): listing again", sel)
@@ -248,7 +248,7 @@ class PodWaiter:
         while time.monotonic() < deadline:
             try:
                 self.check_pod(self.client.api().read_namespaced_pod(pod, self.client.namespace))
-            except ApiException:
+            except kube_client.ApiException:
                 return
             time.sleep(0.1)  # the kubelet reports the container's exit on its own schedule
 
@@ -287,7 +287,7 @@ class PodWaiter:
                 self.check_pod(self.client.api().read_namespaced_pod(pod, self.client.namespace))
             except ProvisionError as exc:
                 return Unready(str(exc), whole=True)
-            except ApiException as exc:
+            except kube_client.ApiException as exc:
                 if exc.status == 404:  # gone: no banner will ever come
                     return Unready(str(self.deleted(pod)), whole=True)
             except Exception:  # noqa: BLE001 - the banner error above is the one to keep

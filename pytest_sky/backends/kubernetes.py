@@ -19,12 +19,13 @@ import dataclasses
 import logging
 import secrets
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pytest_sky import naming
-from pytest_sky.backends import kube_files, kube_policy, kube_preflight
+from pytest_sky.backends import kube_client, kube_files, kube_policy, kube_preflight
 from pytest_sky.backends import kube_manifests as manifests
 from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, ProvisionConfig
-from pytest_sky.backends.kube_client import ApiException, CoreV1Api, KubeClient
+from pytest_sky.backends.kube_client import KubeClient
 from pytest_sky.backends.kube_errors import Refusal, api_message, creation_refused, policy_line, unreachable
 from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.backends.kube_ownership import ObjectRef, Ownership, leftovers, ownership_selector
@@ -35,6 +36,9 @@ from pytest_sky.resources import Resources
 from pytest_sky.ssh import kube_dial, kube_forwarder, kube_proxy
 from pytest_sky.ssh.kube_forwarder import Handle
 from pytest_sky.state import Journal
+
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +147,7 @@ class KubernetesBackend(Backend):
             ips = self.waiter.wait_running(manifests.selector(name, record.launch), pods)
             self.waiter.wait_banners(pods)
             self._start_forwarder(config, record)
-        except ApiException as exc:  # e.g. no permission to list or watch pods
+        except kube_client.ApiException as exc:  # e.g. no permission to list or watch pods
             self._cleanup(name, config.journal)
             raise ProvisionError(f"waiting for the pods of {name}: {api_message(exc)}") from None
         except BaseException:
@@ -203,7 +207,7 @@ class KubernetesBackend(Backend):
                 specs.append(spec)
             # What restart_node sends again, as it was accepted.
             dataclasses.replace(record, pod_specs=tuple(specs)).save(config.journal)
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             raise creation_refused(exc, ref, ns, self.context, config.privileges) from None
 
     def _create_pod(
@@ -222,7 +226,7 @@ class KubernetesBackend(Backend):
         try:
             self.client.api().create_namespaced_pod(self.namespace, spec)
             return placement, spec
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             if placement.with_limits or not Refusal.of(exc).needs_limits:
                 raise
         log.info("namespace %s demands limits: sending them equal to the requests", self.namespace)
@@ -248,7 +252,8 @@ class KubernetesBackend(Backend):
         if rank == 0:
             pf = self.client.port_forward(pod)
             proxy = kube_dial.command(forwarder.socket, kube_proxy.args_of(pf)) if forwarder else kube_proxy.command(pf)
-            route = SshRoute(hostname=pod, proxy_command=proxy, port_forward=pf)
+            socket = forwarder.socket if forwarder else None
+            route = SshRoute(hostname=pod, proxy_command=proxy, port_forward=pf, dial_socket=socket)
         else:
             route = SshRoute(hostname=ip, proxy_jump=cluster)
         return NodeInfo(rank=rank, name=naming.node_name(rank), hostname=pod, ip=ip, route=route)
@@ -299,7 +304,7 @@ class KubernetesBackend(Backend):
                 kube_files.empty_shared_dir(self.client, head.name, record.shared_dir)
             pods = self.ownership.delete_owned(owned)
             self.ownership.wait_gone(pods, ownership_selector(name, record))
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             raise ProvisionError(f"could not delete {name}'s objects: {api_message(exc)}") from None
         except HTTPError as exc:
             raise unreachable(exc, self.context, self.client.server) from None
@@ -319,7 +324,7 @@ class KubernetesBackend(Backend):
                 ]
                 found.append((f"{pod}.events.txt", "\n".join(lines) + "\n"))
                 found.append((f"{pod}.log", api.read_namespaced_pod_log(pod, ns, tail_lines=5000)))
-            except ApiException as exc:
+            except kube_client.ApiException as exc:
                 found.append((f"{pod}.error.txt", f"could not read {pod}: {api_message(exc)}\n"))
         return found
 
@@ -346,7 +351,7 @@ class KubernetesBackend(Backend):
             self.ownership.delete(ref, uid, grace_period=0)
             if self.ownership.wait_gone({ref.name: uid}, ownership_selector(name, record), timeout=60):
                 raise ProvisionError(f"pod {ref.name} was still there 60 s after its deletion")
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             raise ProvisionError(f"could not delete pod {ref.name}: {api_message(exc)}") from None
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
@@ -366,13 +371,13 @@ class KubernetesBackend(Backend):
         pod = manifests.pod_name(name, rank)
         try:
             self.client.api().create_namespaced_pod(self.namespace, record.pod_specs[rank], _request_timeout=30)
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             reason = policy_line(Refusal.of(exc), self.namespace) or api_message(exc)
             raise ProvisionError(f"could not create pod {pod} again: {reason}") from None
         try:
             ip = self.waiter.wait_running(ownership_selector(name, record), [pod])[0]
             self.waiter.wait_banners([pod])
-        except ApiException as exc:
+        except kube_client.ApiException as exc:
             raise ProvisionError(f"waiting for pod {pod}: {api_message(exc)}") from None
         nodes = list(info.nodes)
         nodes[rank] = dataclasses.replace(self._node_info(name, rank, ip, record.forwarder), env=nodes[rank].env)

@@ -233,6 +233,47 @@ def main(argv: list[str] | None = None) -> int:
         close_gently(stream)
 
 
+class _BannerFirst:
+    """A dialled stream read from its first byte: the pod's banner, which the forwarder read to
+    know the stream was ready, comes back first."""
+
+    def __init__(self, stream: socket.socket, banner: bytes) -> None:
+        self._stream = stream
+        self._first = banner
+
+    def recv(self, size: int) -> bytes:
+        if self._first:
+            out, self._first = self._first[:size], self._first[size:]
+            return out
+        return self._stream.recv(size)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+class Dialled:
+    """A stream the forwarder opened for a client in this process (the CLI's or the plugin's
+    connection to the head), as ``kube_proxy.Forward`` is one opened here: its ``socket``
+    carries the connection, :meth:`close` ends it."""
+
+    def __init__(self, stream: socket.socket, banner: bytes) -> None:
+        self._stream = stream
+        self.socket = _BannerFirst(stream, banner)
+
+    def close(self) -> None:
+        close_gently(self._stream)
+
+
+def open_stream(socket_path: str, request: DialRequest) -> Dialled:
+    """A stream to the pod ``request`` names, from the forwarder at ``socket_path``.  Raises
+    ``OSError`` where no forwarder listens, ``ConnectionError`` (with its reason) where it
+    refused."""
+    stream, reply = dial(socket_path, request)
+    if stream is None:
+        raise ConnectionError(reply.error)
+    return Dialled(stream, reply.banner)
+
+
 class _Ended(Exception):
     """The dialler was told to stop (SIGHUP, SIGTERM)."""
 

@@ -320,6 +320,21 @@ def open_in_process(route: PortForward) -> Forward:
         raise RunError(f"cannot connect to the head at {where}: {describe_refusal(exc)}") from None
 
 
+def open_head(route: PortForward, dial_socket: str | None) -> Forward | kube_dial.Dialled:
+    """The head's stream for a client in this process: from the cluster's forwarder where one
+    answers (this process then never loads the kubernetes client, most of a CPU second for a
+    CLI call), else a port-forward opened here; a refusal is one line, as the proxy's."""
+    if dial_socket:
+        try:
+            return kube_dial.open_stream(dial_socket, kube_dial.DialRequest(route.namespace, route.pod, route.port))
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass  # no forwarder listens (gone with the process that launched): open it here
+        except OSError as exc:
+            where = f"{route.namespace}/{route.pod}:{route.port}"
+            raise RunError(f"cannot connect to the head at {where}: {exc}") from None
+    return open_in_process(route)
+
+
 def command(route: PortForward) -> str:
     """The ProxyCommand (a shell line) that runs this module for ``route``: the arguments are
     the ones :func:`main` parses, from the same parser (``kube_dial``'s)."""
