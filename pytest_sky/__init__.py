@@ -32,7 +32,7 @@ a circle), which ``tests/test_layering.py`` checks:
 6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it
-9. junit, plugin, cli.job_report, cli.power, cli.commands, cli, cli.__main__, doctor, pytest_sky: the ways in
+9. junit, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli, cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations

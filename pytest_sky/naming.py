@@ -48,8 +48,11 @@ def parse_node(text: str | None, num_nodes: int) -> int | None:
     return rank if 0 < rank < num_nodes else None
 
 
-def line_prefix(rank: int, name: str, pid: int, ip: str, num_nodes: int, task_name: str) -> str:
-    """SkyPilot's prefixes of a rank's output lines, exactly: users grep their logs for them."""
+def line_prefix(rank: int, name: str, pid: int, ip: str, num_nodes: int, task_name: str, setup: bool = False) -> str:
+    """SkyPilot's prefixes of a rank's output lines, exactly: users grep their logs for them.
+    Setup's lines say so, and a worker's its address, as sky's do."""
+    if setup:
+        return f"(setup pid={pid}) " if rank == 0 else f"(setup pid={pid}, ip={ip}) "
     if num_nodes == 1:
         return f"({task_name}, pid={pid}) "
     if rank == 0:

@@ -147,7 +147,9 @@ class _Collector:
     def _on_line(self, event: LineEvent) -> None:
         node = self.spec.nodes[event.rank]
         pid = self.pids.get(event.rank, 0)
-        line = line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name) + event.text
+        setup = self.phases[-1:] == ["setup"]
+        prefix = line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name, setup)
+        line = prefix + event.text
         self.lines.append(line)
         self.per_rank[event.rank].append(event.text)
         if self.on_line is not None:

@@ -255,7 +255,6 @@ CLI_CASES = {
     "unknown_subcommand": (["lanch", "-c", "x"], "invalid choice"),
     "exec_unknown_cluster": (["exec", "no-such-cluster", "--", "true"], "no cluster named 'no-such-cluster'"),
     "logs_unknown_cluster": (["logs", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
-    "down_unknown_cluster": (["down", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
     "queue_unknown_cluster": (["queue", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
     "ssh_unknown_cluster": (["ssh", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
     "logs_job_zero": (["logs", "no-such-cluster", "0"], "JOB"),

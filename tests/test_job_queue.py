@@ -52,6 +52,33 @@ def test_seventy_five_jobs_on_eight_cpus_run_sixteen_at_a_time_in_order(eight_cp
     assert [queue[j.id] for j in jobs] == ["CANCELLED"] * 16 + ["RUNNING"] * 16 + ["PENDING"] * 43
 
 
+def test_a_job_that_waited_for_its_turn_when_its_cluster_stopped_is_failed_driver(home: Path):
+    """As sky: every job whose agent the stop ended is FAILED_DRIVER, the pending one too (it
+    stayed PENDING for good when the check waited for a pending job to be 30 s old: a loaded
+    machine's `exec -d; stop` often stopped it before its turn)."""
+    from pytest_sky.cli.power import start_cluster, stop_cluster
+    from pytest_sky.state import StateStore
+
+    cluster = pytest_sky.launch(num_nodes=1, cpus=1, name=f"jq3{os.getpid() % 10000}")
+    try:
+        first = cluster.submit(Task(run="exec sleep 600", resources={"cpus": 1}))
+        waiting = cluster.submit("true")
+        settle(cluster, lambda q: q[first.id] == "RUNNING" and q[waiting.id] == "PENDING")
+        store = StateStore()
+        stop_cluster(store, store.load(cluster.name))
+        start_cluster(store, store.load(cluster.name))
+        assert {j: (info["status"], info.get("failed_phase")) for j, info in _records(cluster).items()} == {
+            first.id: ("FAILED", "driver"),
+            waiting.id: ("FAILED", "driver"),
+        }
+    finally:
+        cluster.down()
+
+
+def _records(cluster: Cluster) -> dict[int, dict]:
+    return {job["id"]: job for job in cluster.queue()}
+
+
 def test_a_job_holds_the_cpus_its_task_asks_for_and_a_run_waits_its_turn(home: Path):
     cluster = pytest_sky.launch(num_nodes=2, cpus=2, name=f"jq2{os.getpid() % 10000}")
     try:

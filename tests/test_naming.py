@@ -63,6 +63,10 @@ def test_line_prefixes_are_skypilots() -> None:
     assert naming.line_prefix(0, "head", 41, "10.0.0.1", 1, "train") == "(train, pid=41) "
     assert naming.line_prefix(0, "head", 41, "10.0.0.1", 3, "train") == "(head, rank=0, pid=41) "
     assert naming.line_prefix(2, "worker2", 7, "10.0.0.3", 3, "train") == "(worker2, rank=2, pid=7, ip=10.0.0.3) "
+    # Setup's lines, as sky's: the head's without an address, a worker's with it.
+    assert naming.line_prefix(0, "head", 41, "10.0.0.1", 3, "train", setup=True) == "(setup pid=41) "
+    assert naming.line_prefix(2, "worker2", 7, "10.0.0.3", 3, "train", setup=True) == "(setup pid=7, ip=10.0.0.3) "
+    assert naming.line_prefix(0, "head", 41, "10.0.0.1", 1, "train", setup=True) == "(setup pid=41) "
 
 
 def test_import_costs_nothing_for_the_agent() -> None:

@@ -105,7 +105,7 @@ def test_task_files_node_counts_and_log_options_as_sky(tmp_path: Path) -> None:
         s=$(sky launch -y -c "$C" task) || fail "a one-node task on a two-node cluster: $s"
         [ "$(echo "$s" | grep -c 'line-')" -eq 5 ] || fail "the task ran on one node only: $s"
         [ "$(sky logs "$C" 1 --no-follow --tail 2 | grep -c line-)" -eq 2 ] || fail "--tail 2"
-        d=$(sky logs "$C" 1 --sync-down | sed -n 's/^Job 1 logs: //p')
+        d=$(sky logs "$C" 1 --sync-down | grep "Job 1 logs:" | sed -E "s/^.*Job 1 logs: (.*)\\x1b\\[0m/\\1/g")
         [ -f "$d/run.log" ] && grep -q line-5 "$d/run.log" || fail "--sync-down to '$d'"
         sky logs --provision "$C" --no-follow | grep -q "$C is up: 2 node(s)" || fail "logs --provision"
         [ "$(sky logs "$C" --provision --tail 1 | wc -l)" -eq 1 ] || fail "logs --provision --tail 1"
@@ -165,6 +165,51 @@ def test_stop_and_start_keep_the_disks_and_fail_the_running_job_as_sky(tmp_path:
         expect_rc "${PIPESTATUS[0]}" 100 "logs --status of a FAILED_DRIVER job"
         [ "$(sky exec "$C" 'cat ~/disk' | grep -c ') kept')" -eq 2 ] || fail "every node's disk was kept"
         sky stop "$C" >/dev/null && sky launch -y -c "$C" "echo again" | grep -q ") again" || fail "launch starts it"
+        """,
+    )
+    assert res.returncode == 0, res.stderr + res.stdout
+
+
+def test_a_launch_prints_skys_transcript_and_a_failed_setup_names_its_workers(tmp_path: Path) -> None:
+    """What SkyPilot's own smoke tests grep in ``sky launch``'s output (``VALIDATE_LAUNCH_OUTPUT``
+    of ``smoke_tests_utils.py``, and ``test_launch_with_failing_setup``), line after line."""
+    res = run_sequence(
+        tmp_path,
+        """
+        printf 'name: min\nsetup: |\n  echo "running setup"\nrun: |\n  echo "task run finish"\n' > min.yaml
+        s=$(sky launch -y -c "$C" --cpus 2+ --memory 4+ min.yaml) || fail "launch: $s"
+        after() { echo "$s" | grep -A "$3" "$1" | grep -q "$2" || fail "no '$2' after '$1': $s"; }
+        after "Launching on" "is up." 1
+        after "Setup detached" "Job submitted" 1
+        after "Job submitted, ID:" "Waiting for task resources on 1 node." 1
+        echo "$s" | grep -A 1 "Job started. Streaming logs..." | grep "(setup pid=" | grep -q "running setup" \
+          || fail "no setup line after 'Job started': $s"
+        after "(setup" "(min, pid=" 1
+        after "task run finish" "Job finished (status: SUCCEEDED)" 1
+        after "Job finished (status: SUCCEEDED)" "Job ID:" 5
+        after "Useful Commands" "Job ID: 1" 1
+        sky logs "$C" 1 --no-follow | grep -q "(setup pid=[0-9]*) running setup" || fail "the log keeps sky's lines"
+
+        # A 3-node setup whose rank 2 fails: sky's line, on stdout, naming the failed worker.
+        printf 'num_nodes: 3\nsetup: |\n  echo preparing\n' > bad.yaml
+        echo '  [ "$SKYPILOT_SETUP_NODE_RANK" -eq 2 ] && exit 7' >> bad.yaml
+        echo '  sleep 60' >> bad.yaml
+        echo 'run: echo never' >> bad.yaml
+        s=$(sky launch -y -c "$C-3" bad.yaml 2>/dev/null)
+        expect_rc $? 100 "launch of a task whose setup fails"
+        echo "$s" | grep -q "See error logs above for more details." || fail "no 'See error logs above': $s"
+        echo "$s" | grep -q "Job 1's setup failed. Failed workers: (pid=[0-9]*, returncode=7)." || fail "$s"
+        echo "$s" | grep -q "(setup pid=[0-9]*, ip=198\\.1[89]\\.[0-9.]*) preparing" || fail "a worker's setup line: $s"
+
+        # sky's other forms: the head's IP, a spot request, several jobs' logs, an unknown name.
+        [ "$(sky status --ip "$C")" = "$(sky status --json | grep -o '"198\\.[0-9.]*"' | head -1 | tr -d '"')" ] \
+          || fail "status --ip"
+        sky launch -y -c "$C" --use-spot "true" >/dev/null 2>&1 || fail "launch --use-spot"
+        sky logs "$C" 1 2 --sync-down | grep -c "logs: " | grep -qx 2 || fail "logs J1 J2 --sync-down"
+        sky logs "$C" nothing-here --sync-down >/dev/null 2>&1 || fail "a word that is no job id"
+        sky down -y "$C" no-such-cluster | grep -q "not found" || fail "down with an unknown name"
+        sky status | grep -q "^$C " && fail "the known cluster went down"
+        true
         """,
     )
     assert res.returncode == 0, res.stderr + res.stdout

@@ -25,12 +25,22 @@ def jobs_main(argv: list[str]) -> int:
         record = read_status(d)
         if record is None:
             continue
-        orphaned = record.status == JobStatus.RUNNING or time.time() - record.submitted > 30
-        if record.status in LIVE and orphaned and not _agent_alive(record):
+        if _orphaned(record):
             record = died(d)
         out.append(record)
     sys.stdout.write(encode_records(out) + "\n")
     return 0
+
+
+def _orphaned(record: JobRecord) -> bool:
+    """A live job whose agent is gone: sky's FAILED_DRIVER.  A pending job is one as soon as
+    it names its agent (a submit returns only once it does), so a job that waited for its
+    turn when its cluster was stopped is one too; one that names none yet is still being
+    started, unless that began long ago."""
+    if record.status not in LIVE:
+        return False
+    known = record.status == JobStatus.RUNNING or record.pid is not None or time.time() - record.submitted > 30
+    return known and not _agent_alive(record)
 
 
 def _agent_alive(record: JobRecord) -> bool:
@@ -53,7 +63,7 @@ def wait_main(argv: list[str]) -> int:
         if record.status in TERMINAL:
             sys.stdout.write(record.encode() + "\n")
             return 0
-        if record.status == JobStatus.RUNNING and not _agent_alive(record):
+        if _orphaned(record):
             died(job_dir)
             continue
         if time.monotonic() >= deadline:

@@ -27,6 +27,21 @@ from pytest_sky.protocol import (
 )
 
 
+# The lines sky's job driver writes into a job's log (so ``sky launch`` streams them and ``sky
+# logs`` replays them): while the job waits for its turn, once it has it, and when its setup
+# failed.  Scripts and CI written against ``sky`` grep for them.
+def _waiting_line(num_nodes: int) -> str:
+    return f"├── Waiting for task resources on {num_nodes} node{'s' if num_nodes > 1 else ''}.\n"
+
+
+STARTED_LINE = "└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)\n"
+
+
+def _setup_failed_line(job_id: int, failed: list[Rank]) -> str:
+    workers = ", ".join(f"(pid={r.pid}, returncode={r.code})" for r in failed)
+    return f"ERROR: Job {job_id}'s setup failed. Failed workers: {workers}. See error logs above for more details.\n"
+
+
 def _rank_envs(spec: RunSpec, task_id: str):
     """Each phase's environment of a rank: SkyPilot's variables, the task's envs, the node's."""
     ips = "\n".join(n.ip for n in spec.nodes)
@@ -67,8 +82,9 @@ def _run_phase(
     env_for,
     emitter: Emitter,
     cancelled: threading.Event,  # noqa: F821
-) -> tuple[list[int], int, str | None]:
-    """Run one phase on every rank; the first failure stops the others."""
+) -> tuple[list[int], int, str | None, list[Rank]]:
+    """Run one phase on every rank; the first failure stops the others.  The exit codes, the
+    phase's, why it failed and the rank that failed first (none where it did not)."""
     import threading
 
     from pytest_sky.agent.remote import secret
@@ -106,10 +122,10 @@ def _run_phase(
             r.proc.kill()
     codes = [r.code if r.code is not None else 137 for r in ranks]
     if cancelled.is_set() and not first_failure:
-        return codes, 130, "the run was interrupted: every rank was stopped"
+        return codes, 130, "the run was interrupted: every rank was stopped", []
     if first_failure:
-        return codes, *first_failure[0].failure(phase)
-    return codes, 0, None
+        return codes, *first_failure[0].failure(phase), first_failure
+    return codes, 0, None, []
 
 
 def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
@@ -122,16 +138,20 @@ def execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, ca
 
 
 def _execute(spec: RunSpec, record: JobRecord, job_dir: str, emitter: Emitter, cancelled, bell: list) -> JobRecord:
-    take_turn(record, job_dir, spec, cancelled, bell)
+    emitter.log(_waiting_line(spec.num_nodes))
+    if take_turn(record, job_dir, spec, cancelled, bell):
+        emitter.log(STARTED_LINE)
     setup_env, run_env = _rank_envs(spec, record.task_id)
     returncode, error, codes, failed_phase = 0, None, [0] * spec.num_nodes, None
     for phase, script, env_for in (("setup", spec.setup, setup_env), ("run", spec.run, run_env)):
         if not script or cancelled.is_set():
             continue
         emitter.event(PhaseEvent(phase))
-        codes, returncode, error = _run_phase(phase, script, spec, env_for, emitter, cancelled)
+        codes, returncode, error, failed = _run_phase(phase, script, spec, env_for, emitter, cancelled)
         if error:
             failed_phase = FailedPhase(phase)
+            if failed and failed_phase is FailedPhase.SETUP:
+                emitter.log(_setup_failed_line(record.id, failed))
             break
     if cancelled.is_set() and returncode == 0 and not error:
         returncode, error = 130, "the job was cancelled before it ran"

@@ -175,7 +175,8 @@ class Rank:
         self.pid = pid
         node = self.node
         self.emitter.event(StartEvent(self.rank, self.pid, self.phase))
-        return line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name)
+        setup = self.phase == "setup"
+        return line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name, setup)
 
     def _emit(self, raw: bytes, prefix: str) -> None:
         text = raw.decode("utf-8", "replace")

@@ -25,13 +25,13 @@ from pytest_sky.cli.commands import (
     cmd_exec,
     cmd_fault,
     cmd_launch,
-    cmd_logs,
     cmd_queue,
     cmd_ssh,
     cmd_ssh_config,
     cmd_status,
     cmd_stress_ssh,
 )
+from pytest_sky.cli.logs import cmd_logs
 from pytest_sky.cli.power import cmd_start, cmd_stop
 from pytest_sky.errors import SkyError
 
@@ -175,6 +175,7 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         action="store_true",
         help="sky's flag, accepted: a reused cluster is never provisioned again here (its task's setup still runs)",
     )
+    p.add_argument("--use-spot", action="store_true", help="sky's flag, accepted: nodes here are never preempted")
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND", help="a task YAML, or a command (after --)")
     p.set_defaults(func=cmd_launch)
@@ -207,6 +208,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("-r", "--refresh", action="store_true", help="sky's flag: records are always read fresh here")
     p.add_argument("-u", "--all-users", action="store_true", help="sky's flag: one user owns the state directory")
     p.add_argument("-v", "--verbose", action="store_true", help="sky's flag: the table is already in full")
+    p.add_argument("--ip", action="store_true", help="print the head's IP of the one cluster named, only")
     p.set_defaults(func=cmd_status)
 
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
@@ -218,12 +220,12 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "show a job's log (the latest job by default), followed until it ends; exits 100 if it failed",
         "  pytest-sky logs dev\n  pytest-sky logs dev 3 --no-follow\n"
         "  pytest-sky logs dev 3 --status   # 'Job 3: SUCCEEDED'\n"
-        "  pytest-sky logs dev --tail 20\n  pytest-sky logs dev 3 --sync-down   # 'Job 3 logs: DIR'\n"
+        "  pytest-sky logs dev --tail 20\n  pytest-sky logs dev 3 4 --sync-down   # 'Job 3 logs: DIR', then 4's\n"
         "  pytest-sky logs --provision dev --no-follow   # how the cluster was launched\n"
         "  exit codes: 0 succeeded, 100 failed, 101 not finished, 102 no such job, 103 cancelled",
     )
     p.add_argument("cluster", metavar="NAME")
-    p.add_argument("job", nargs="?", type=_positive_int, metavar="JOB")
+    p.add_argument("jobs", nargs="*", metavar="JOB", help="a job id (several, with --sync-down)")
     p.add_argument(
         "-f", "--follow", action=argparse.BooleanOptionalAction, default=True, help="stream until the job ends"
     )
@@ -350,7 +352,7 @@ def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) 
 _TRAILING: dict[str, tuple[str, Callable[[str], object]]] = {
     "launch": ("task", str),
     "exec": ("task", str),
-    "logs": ("job", _positive_int),
+    "logs": ("jobs", str),
     "cancel": ("jobs", _positive_int),
     "ssh": ("node", str),
     "down": ("names", str),

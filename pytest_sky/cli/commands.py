@@ -18,14 +18,13 @@ from pathlib import Path
 
 from pytest_sky import console, naming
 from pytest_sky.cli import job_report
-from pytest_sky.cli.job_report import JobExitCode
 from pytest_sky.errors import CommandFailedError, SkyError
 from pytest_sky.protocol import LIVE, JobStatus
 
 EXIT_USAGE = 2
 
 
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = job_report.EXIT_INTERRUPTED
 
 
 class UsageError(SkyError):
@@ -94,30 +93,6 @@ def _cluster(name: str):
     return cluster
 
 
-def _follow(cluster, job, *, tail: int = 0) -> int:
-    """Stream a job's log until it ends (``tail``: from the last lines written so far); its
-    exit code as ``sky``'s (100: failed).  Ctrl-C stops following, never the job."""
-    skip = max(0, len(job.logs().splitlines()) - tail) if tail else 0
-    try:
-        for number, line in enumerate(job.logs(follow=True)):
-            if number >= skip:
-                print(line, flush=True)
-        status = job.wait(60)
-    except KeyboardInterrupt:
-        console.hint(
-            f"job {job.id} keeps running on {cluster.name}; follow it with "
-            f"`pytest-sky logs {cluster.name} {job.id} --follow`, stop it with "
-            f"`pytest-sky cancel {cluster.name} {job.id}`"
-        )
-        return EXIT_INTERRUPTED
-    print(job_report.finished(status, job.info().get("failed_phase")), flush=True)
-    if status not in LIVE and status != JobStatus.SUCCEEDED:
-        result = job.result()
-        if result is not None and result.error:
-            console.error(f"job {job.id}: {result.error}")
-    return JobExitCode.of(status)
-
-
 def _pairs(items: list[str], option: str) -> dict[str, str]:
     """``KEY=VALUE`` as given, or ``KEY`` alone: its value in this shell (as SkyPilot's CLI)."""
     out = {}
@@ -165,11 +140,16 @@ def _with_env_options(task, args: argparse.Namespace):
 def _run_task(cluster, task, detach: bool) -> int:
     console.progress(f"submitting {'setup and run' if task.setup else 'run'} to {cluster.name}")
     job = cluster.submit(task)
+    if task.setup:
+        print(job_report.SETUP_DETACHED, flush=True)
     print(job_report.submitted(job.id), flush=True)
     if detach:
         console.hint(f"follow: pytest-sky logs {cluster.name} {job.id} --follow")
         return 0
-    return _follow(cluster, job)
+    code = job_report.follow(cluster, job)
+    if code != EXIT_INTERRUPTED:
+        print(job_report.useful_commands(cluster.name, job.id), flush=True)
+    return code
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -180,6 +160,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import ClusterResources, StateStore
 
+    if args.use_spot:
+        console.note("--use-spot has no effect on a pytest-sky cluster: its nodes are never preempted")
     chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
     task, num_nodes, requested = plan_launch(
         _task_from_args(args.task, name=args.name), args.num_nodes or None, _resources(args)
@@ -252,7 +234,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
-    records = StateStore().records()
+    store = StateStore()
+    if args.ip:  # sky's `status --ip NAME`: the head's address, and nothing else
+        if len(args.names) != 1:
+            raise UsageError("--ip takes exactly one cluster name: pytest-sky status --ip NAME")
+        record = store.load(args.names[0])
+        if record is None or not record.node_ips:
+            raise UsageError(f"no cluster named {args.names[0]!r} that is up (see `pytest-sky status`)")
+        print(record.node_ips[0])
+        return 0
+    records = store.records()
     missing = [n for n in args.names if n not in {r.name for r in records}]
     for name in missing:
         print(f"Cluster {name!r} not found.")
@@ -307,78 +298,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
         )
     console.table(["ID", "NAME", "SUBMITTED", "DURATION", "STATUS"], rows)
     return 0
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    """A job's log (the latest job's by default), followed until it ends unless
-    ``--no-follow``; or, with ``--status``, one line ``Job N: STATUS``.  Exits as ``sky logs``
-    does: 0 succeeded, 100 failed, 101 not finished (``--status`` only), 102 no such job,
-    103 cancelled."""
-    from pytest_sky.errors import RunError
-
-    if args.provision:
-        return _provision_log(args.cluster, args.tail)
-    cluster = _cluster(args.cluster)
-    job_id = args.job
-    if job_id is None:
-        jobs = cluster.queue()
-        if not jobs:
-            print(f"No job found on cluster {cluster.name!r}.")
-            return JobExitCode.NOT_FOUND
-        job_id = jobs[-1]["id"]
-    job = cluster.job(job_id)
-    try:
-        info = job.info()  # one call to the head: the status and how it failed
-    except RunError:
-        console.error(f"Job {job_id} not found on cluster {cluster.name!r}")
-        return JobExitCode.NOT_FOUND
-    status = JobStatus(info["status"])
-    if args.status:
-        print(job_report.status_line(job_id, status, info.get("failed_phase")))
-        return JobExitCode.of(status)
-    if args.sync_down:
-        return _sync_down(cluster, job)
-    if args.follow:
-        return _follow(cluster, job, tail=args.tail)
-    text = job.logs()
-    sys.stdout.write(_last_lines(text, args.tail))
-    code = JobExitCode.of(status)
-    return JobExitCode.SUCCEEDED if code == JobExitCode.NOT_FINISHED else code
-
-
-def _provision_log(name: str, tail: int) -> int:
-    """``logs --provision``: the launch's own account (``lifecycle.PROVISION_LOG``), as sky's
-    provision log: which nodes came up where, and how long it took."""
-    from pytest_sky.lifecycle import PROVISION_LOG
-    from pytest_sky.state import StateStore
-
-    store = StateStore()
-    if store.load(name) is None:
-        raise UsageError(f"no cluster named {name!r} (see `pytest-sky status`)")
-    try:
-        text = (store.cluster_dir(name) / PROVISION_LOG).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        raise UsageError(f"cluster {name} has no launch log (it was launched by an older pytest-sky)") from None
-    sys.stdout.write(_last_lines(text, tail))
-    return 0
-
-
-def _last_lines(text: str, tail: int) -> str:
-    """The last ``tail`` lines of ``text`` (0: all of it)."""
-    if not tail:
-        return text
-    return "".join(text.splitlines(keepends=True)[-tail:])
-
-
-def _sync_down(cluster, job) -> int:
-    """``--sync-down``: the job's log into this machine's state directory, and where."""
-    from pytest_sky.state import home
-
-    where = home() / "logs" / cluster.name / str(job.id)
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "run.log").write_text(job.logs(), encoding="utf-8")
-    print(job_report.synced(job.id, where))
-    return JobExitCode.SUCCEEDED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -475,8 +394,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     if not names and not args.all:
         raise UsageError("name the clusters to tear down, or pass --all")
     missing = [n for n in names if store.load(n) is None]
-    if missing:
-        raise UsageError(f"no cluster named {missing[0]!r} (see `pytest-sky status`)")
+    if missing:  # as sky: said, and the clusters that exist still go
+        print(f"Cluster(s) not found (tip: see `pytest-sky status`): {', '.join(missing)}")
     failed = []
     for name in names:
         record = store.load(name)

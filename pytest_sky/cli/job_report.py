@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from pytest_sky import console
 from pytest_sky.protocol import LIVE, FailedPhase, JobStatus
 
 #: The name of a task made from a command line (SkyPilot's ``sky-cmd``); ``-n`` overrides it.
 COMMAND_TASK_NAME = "sky-cmd"
+
+#: What a command interrupted by Ctrl-C exits with (128 + SIGINT), as a shell reports it.
+EXIT_INTERRUPTED = 130
 
 
 class JobExitCode(IntEnum):
@@ -63,6 +67,24 @@ def status_line(job_id: int, status: JobStatus | str, failed_phase: FailedPhase 
     return f"Job {job_id}: {sky_status(status, failed_phase)}"
 
 
+#: Before ``Job submitted`` where the task has a setup: it runs as the job's first phase.
+SETUP_DETACHED = "✓ Setup detached."
+
+
+def useful_commands(cluster: str, job_id: int) -> str:
+    """What sky prints after an attached job: its id, then how to cancel, follow and list it."""
+    return "\n".join(
+        [
+            "",
+            "📋 Useful Commands",
+            f"Job ID: {job_id}",
+            f"├── To cancel the job:\t\tpytest-sky cancel {cluster} {job_id}",
+            f"├── To stream job logs:\t\tpytest-sky logs {cluster} {job_id}",
+            f"└── To view job queue:\t\tpytest-sky queue {cluster}",
+        ]
+    )
+
+
 def launching(cloud_label: str) -> str:
     return f"Launching on {cloud_label}."
 
@@ -73,11 +95,36 @@ def is_up(name: str, num_nodes: int, head_ip: str) -> str:
 
 
 def synced(job_id: int, where: object) -> str:
-    """``logs --sync-down``: the directory that holds the job's ``run.log``."""
-    return f"Job {job_id} logs: {where}"
+    """``logs --sync-down``: the directory that holds the job's ``run.log``.  In sky's colours
+    whatever the output is: scripts cut the directory out up to the closing ``ESC[0m``."""
+    return f"\x1b[36mJob {job_id} logs: {where}\x1b[0m"
 
 
 def cancelled(ids: list[int]) -> str:
     if not ids:
         return "No jobs cancelled. They may be in terminal states."
     return f"Cancelled job ID(s): {', '.join(map(str, ids))}"
+
+
+def follow(cluster, job, *, tail: int = 0) -> int:
+    """Stream a job's log until it ends (``tail``: from the last lines written so far); its
+    exit code as ``sky``'s (100: failed).  Ctrl-C stops following, never the job."""
+    skip = max(0, len(job.logs().splitlines()) - tail) if tail else 0
+    try:
+        for number, line in enumerate(job.logs(follow=True)):
+            if number >= skip:
+                print(line, flush=True)
+        status = job.wait(60)
+    except KeyboardInterrupt:
+        console.hint(
+            f"job {job.id} keeps running on {cluster.name}; follow it with "
+            f"`pytest-sky logs {cluster.name} {job.id} --follow`, stop it with "
+            f"`pytest-sky cancel {cluster.name} {job.id}`"
+        )
+        return EXIT_INTERRUPTED
+    print(finished(status, job.info().get("failed_phase")), flush=True)
+    if status not in LIVE and status != JobStatus.SUCCEEDED:
+        result = job.result()
+        if result is not None and result.error:
+            console.error(f"job {job.id}: {result.error}")
+    return JobExitCode.of(status)
