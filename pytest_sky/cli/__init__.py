@@ -20,6 +20,7 @@ from pytest_sky.cli.commands import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     cmd_cancel,
+    cmd_cost_report,
     cmd_doctor,
     cmd_down,
     cmd_exec,
@@ -210,6 +211,10 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("-v", "--verbose", action="store_true", help="sky's flag: the table is already in full")
     p.add_argument("--ip", action="store_true", help="print the head's IP of the one cluster named, only")
     p.set_defaults(func=cmd_status)
+
+    p = add("cost-report", "what each cluster cost: nothing here (sky's form)", "  pytest-sky cost-report --all")
+    p.add_argument("-a", "--all", action="store_true", help="sky's flag: every cluster is listed already")
+    p.set_defaults(func=cmd_cost_report)
 
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
     p.add_argument("cluster", metavar="NAME")

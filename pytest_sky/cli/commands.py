@@ -190,6 +190,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 f"use `pytest-sky down {args.cluster}` first or pick another name"
             )
         console.progress(f"reusing {args.cluster} ({existing.resources_label})")
+        if not args.fast:  # as sky's: a launch onto a cluster that is up says so too, unless --fast
+            print(job_report.launching(cluster.cloud_label), flush=True)
+            print(job_report.is_up(cluster.name, cluster.num_nodes, cluster.node_ips[0]), flush=True)
     else:
         try:
             cluster, task = bring_up(
@@ -274,6 +277,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
     console.table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
+    return 0
+
+
+def cmd_cost_report(args: argparse.Namespace) -> int:
+    """``sky cost-report``: every cluster with what it cost, which here is nothing (its nodes
+    are this machine's, or pods of a cluster that bills elsewhere); sky also lists clusters
+    torn down, which leave no record here."""
+    from pytest_sky.state import StateStore
+
+    rows = [
+        [r.name, _age(r.created) + " ago", r.resources_label, r.status.sky_word, "$ 0.00"]
+        for r in StateStore().records()
+    ]
+    if rows:
+        console.table(["NAME", "LAUNCHED", "RESOURCES", "STATUS", "COST (est.)"], rows)
+    print("Total Cost: $0.00")
     return 0
 
 
