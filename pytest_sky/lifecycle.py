@@ -67,6 +67,8 @@ def teardown(record: ClusterRecord, store: StateStore, backend: Backend | None =
         left = backend.leftovers(record.name, journal) if backend is not None else f"whatever {record.backend} made"
         store.forget(record.name)
         return f"forgotten without its nodes ({exc}); may be left: {left}"
+    if record.keep:
+        store.keep_history(record.name, PROVISION_LOG)
     store.forget(record.name)
     return ""
 

@@ -217,6 +217,24 @@ class StateStore:
             return
         _REMOVER.add(dest)
 
+    def keep_history(self, name: str, filename: str) -> None:
+        """Keep one file of a kept cluster (the CLI's) past its teardown, as sky's cluster
+        history keeps its launch log: ``logs --provision NAME`` still answers after ``down``.
+        A rename, so teardown pays nothing; the newest :data:`HISTORY_KEPT` clusters' stay."""
+        history = self.root / HISTORY
+        try:
+            (history / name).mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.replace(self.cluster_dir(name) / filename, history / name / filename)
+            entries = sorted(history.iterdir(), key=lambda p: p.stat().st_mtime)
+        except OSError:
+            return  # nothing to keep (a launch that never wrote it), or no room: history is a courtesy
+        for old in entries[:-HISTORY_KEPT]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def history_file(self, name: str, filename: str) -> Path:
+        """Where :meth:`keep_history` kept ``filename`` of a torn-down cluster ``name``."""
+        return self.root / HISTORY / name / filename
+
     def stale_trash(self) -> list[Path]:
         """Files of torn-down clusters that no live process is still deleting."""
         return stale_trash(self.root / TRASH)
@@ -272,6 +290,8 @@ def _owner_alive(owner: str) -> bool:
 
 #: Where torn-down clusters' directories wait for deletion (see :meth:`StateStore.forget`).
 TRASH = "trash"
+HISTORY = "history"
+HISTORY_KEPT = 100
 _SEQUENCE = itertools.count()
 _OWNER = f"{os.getpid()}.{procs.start_time(os.getpid())}"
 

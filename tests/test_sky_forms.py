@@ -211,6 +211,7 @@ def test_a_launch_prints_skys_transcript_and_a_failed_setup_names_its_workers(tm
         sky launch -y -c "$C" min.yaml | grep -A 1 "Launching on" | grep -q "is up." || fail "a relaunch says it is up"
         sky down -y "$C" no-such-cluster | grep -q "not found" || fail "down with an unknown name"
         sky status | grep -q "^$C " && fail "the known cluster went down"
+        sky logs --provision "$C" --no-follow --tail 10 | grep -q "$C is up" || fail "the launch log, after down"
         true
         """,
     )

@@ -61,10 +61,13 @@ def _provision_log(name: str, tail: int) -> int:
     from pytest_sky.state import StateStore
 
     store = StateStore()
-    if store.load(name) is None:
-        raise UsageError(f"no cluster named {name!r} (see `pytest-sky status`)")
+    path = store.cluster_dir(name) / PROVISION_LOG
+    if store.load(name) is None:  # torn down: the log its teardown kept, as sky's history
+        path = store.history_file(name, PROVISION_LOG)
+        if not path.exists():
+            raise UsageError(f"no cluster named {name!r} (see `pytest-sky status`)")
     try:
-        text = (store.cluster_dir(name) / PROVISION_LOG).read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         raise UsageError(f"cluster {name} has no launch log (it was launched by an older pytest-sky)") from None
     sys.stdout.write(_last_lines(text, tail))
