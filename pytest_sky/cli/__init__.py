@@ -160,7 +160,8 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "  pytest-sky launch -c train examples/torch_allreduce/task.yaml\n"
         "  pytest-sky launch -c dev -d -- 'sleep 600'   # detach after submitting\n"
         "  pytest-sky launch -y -c dev -n hello 'echo hi'   # sky's form: exit 100 if the job fails\n"
-        "  pytest-sky launch -y -c dev --fast --async task.yaml   # sky's flags, accepted",
+        "  pytest-sky launch -y -c dev --fast --async task.yaml   # sky's flags, accepted\n"
+        "  pytest-sky launch -y -c dev --use-spot task.yaml   # accepted with a note: nodes are never preempted",
     )
     p.add_argument("-c", "--cluster", required=True, metavar="NAME", help="cluster name")
     _add_name_option(p)
@@ -202,7 +203,8 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p = add(
         "status",
         "list clusters (those named, or all)",
-        "  pytest-sky status\n  pytest-sky status --json\n  pytest-sky status -r dev   # sky's form",
+        "  pytest-sky status\n  pytest-sky status --json\n  pytest-sky status -r dev   # sky's form\n"
+        "  pytest-sky status --ip dev   # the head's IP only",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="only these clusters")
     p.add_argument("--json", action="store_true", help="machine-readable output")
