@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_run_commands(add)
     _add_job_commands(add)
+    _add_cost_report(add)
     _add_node_commands(add)
     _add_fault_command(add)
     return parser
@@ -214,10 +215,6 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("--ip", action="store_true", help="print the head's IP of the one cluster named, only")
     p.set_defaults(func=cmd_status)
 
-    p = add("cost-report", "what each cluster cost: nothing here (sky's form)", "  pytest-sky cost-report --all")
-    p.add_argument("-a", "--all", action="store_true", help="sky's flag: every cluster is listed already")
-    p.set_defaults(func=cmd_cost_report)
-
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
     p.add_argument("cluster", metavar="NAME")
     p.set_defaults(func=cmd_queue)
@@ -259,6 +256,13 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("-a", "--all", action="store_true", help="every pending or running job")
     _add_yes_option(p)
     p.set_defaults(func=cmd_cancel)
+
+
+def _add_cost_report(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """cost-report: sky's, for scripts that call it (a cluster here costs nothing)."""
+    p = add("cost-report", "what each cluster cost: nothing here (sky's form)", "  pytest-sky cost-report --all")
+    p.add_argument("-a", "--all", action="store_true", help="sky's flag: every cluster is listed already")
+    p.set_defaults(func=cmd_cost_report)
 
 
 def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:

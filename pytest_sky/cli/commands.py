@@ -152,15 +152,50 @@ def _run_task(cluster, task, detach: bool) -> int:
     return code
 
 
+def _say_up(cluster) -> None:
+    """sky's two lines of a cluster that a launch found or brought up."""
+    print(job_report.launching(cluster.cloud_label), flush=True)
+    print(job_report.is_up(cluster.name, cluster.num_nodes, cluster.node_ips[0]), flush=True)
+
+
+def _reuse(args: argparse.Namespace, store, existing, num_nodes: int, backend: str, requested):
+    """``launch`` onto a cluster of that name: started if stopped, refused if it differs.  As
+    sky: a task of fewer nodes runs on the first of them; more is another cluster."""
+    from pytest_sky.cli.power import start_if_stopped
+    from pytest_sky.state import ClusterResources
+
+    start_if_stopped(store, existing)  # as sky: a launch starts a stopped cluster
+    cluster = _cluster(args.cluster)
+    wanted = {
+        "num_nodes": max(num_nodes, existing.num_nodes),
+        "backend": backend,
+        "accelerators": ClusterResources.of(requested).accelerators,
+    }
+    have = {
+        "num_nodes": existing.num_nodes,
+        "backend": existing.backend,
+        "accelerators": existing.resources.accelerators,
+    }
+    if wanted != have:
+        diff = ", ".join(f"{k} {have[k]} (asked {wanted[k]})" for k in wanted if wanted[k] != have[k])
+        raise UsageError(
+            f"cluster {args.cluster} exists with different resources: {diff}; "
+            f"use `pytest-sky down {args.cluster}` first or pick another name"
+        )
+    console.progress(f"reusing {args.cluster} ({existing.resources_label})")
+    if not args.fast:  # as sky's: a launch onto a cluster that is up says so too, unless --fast
+        _say_up(cluster)
+    return cluster
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky import settings
     from pytest_sky.backends.privileges import check_privileges
-    from pytest_sky.cli.power import start_if_stopped
     from pytest_sky.cluster import bring_up
     from pytest_sky.lifecycle import plan_launch
-    from pytest_sky.state import ClusterResources, StateStore
+    from pytest_sky.state import StateStore
 
-    if args.use_spot:
+    if args.use_spot:  # sky's flag: a note, as use_spot in a task file gets
         console.note("--use-spot has no effect on a pytest-sky cluster: its nodes are never preempted")
     chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
     task, num_nodes, requested = plan_launch(
@@ -170,29 +205,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     store = StateStore()
     existing = store.load(args.cluster)
     if existing is not None:
-        start_if_stopped(store, existing)  # as sky: a launch starts a stopped cluster
-        cluster = _cluster(args.cluster)
-        # As sky: a task of fewer nodes runs on the first of them; more is another cluster.
-        wanted = {
-            "num_nodes": max(num_nodes, existing.num_nodes),
-            "backend": backend,
-            "accelerators": ClusterResources.of(requested).accelerators,
-        }
-        have = {
-            "num_nodes": existing.num_nodes,
-            "backend": existing.backend,
-            "accelerators": existing.resources.accelerators,
-        }
-        if wanted != have:
-            diff = ", ".join(f"{k} {have[k]} (asked {wanted[k]})" for k in wanted if wanted[k] != have[k])
-            raise UsageError(
-                f"cluster {args.cluster} exists with different resources: {diff}; "
-                f"use `pytest-sky down {args.cluster}` first or pick another name"
-            )
-        console.progress(f"reusing {args.cluster} ({existing.resources_label})")
-        if not args.fast:  # as sky's: a launch onto a cluster that is up says so too, unless --fast
-            print(job_report.launching(cluster.cloud_label), flush=True)
-            print(job_report.is_up(cluster.name, cluster.num_nodes, cluster.node_ips[0]), flush=True)
+        cluster = _reuse(args, store, existing, num_nodes, backend, requested)
     else:
         try:
             cluster, task = bring_up(
@@ -209,8 +222,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             console.error(f"interrupted while launching {args.cluster}: removed what was created")
             return EXIT_INTERRUPTED
-        print(job_report.launching(cluster.cloud_label), flush=True)
-        print(job_report.is_up(cluster.name, cluster.num_nodes, cluster.node_ips[0]), flush=True)
+        _say_up(cluster)
     if task is None:
         console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
         return 0

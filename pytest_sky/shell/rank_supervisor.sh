@@ -51,13 +51,26 @@ signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ "$1" != KILL ] || kill -KILL -- -"$pid"
 }
 settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
+started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd PROGRAM its
+  # arguments hold this shell's $0 (it is still our fork) or psky-run (its own script), and a
+  # TERM could end it before the trap that holds TERM is set: no pid line, no exit status.
+  # (Arguments that cannot be read yet count as not yet.)
+  i=0
+  while [ $i -lt 200 ] && kill -0 "$pid" 2>/dev/null; do
+    a='' n=0
+    while IFS= read -r -d '' a && [ "$a" != psky-run ] && [ "$a" != "$0" ]; do n=$((n + 1)); done \
+      <"/proc/$pid/cmdline" 2>/dev/null
+    [ "$a" = psky-run ] || [ "$a" = "$0" ] || [ "$n" -eq 0 ] || return 0
+    sleep 0.01; i=$((i+1))
+  done
+}
 # shellcheck disable=SC2016  # the session's own script: it expands there, not here
 PSKY_JOB_SCOPE=$tag setsid /bin/bash -c 'trap t=1 TERM
 [ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
 echo "PSKY-PID $$"; trap - TERM; [ -z "$t" ] || exit 143; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
 pid=$!
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
-{ while read -r _; do :; done; kill -USR1 $$; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
+{ while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
 life=$!
 exec 3<&-
 {
