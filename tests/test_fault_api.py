@@ -121,10 +121,12 @@ def ssh_throughput(cluster, rank: int, mib: int, upload: bool) -> float:
 
 
 def test_kill_node_fails_the_job_naming_the_rank_and_silences_the_node(cluster):
-    job = cluster.submit("sleep 91")
+    job = cluster.submit("echo up; exec sleep 91")
+    # Mid-job means every rank runs: RUNNING alone is the head's word, said before it has
+    # reached the workers (a node killed then is found by a connection that times out).
     deadline = time.monotonic() + 10
-    while job.status != JobStatus.RUNNING:
-        assert time.monotonic() < deadline, "job did not start"
+    while job.logs().count(") up\n") < cluster.num_nodes:
+        assert time.monotonic() < deadline, f"not every rank started: {job.logs()}"
         time.sleep(0.05)
     node = cluster.journal.load()["nodes"][1]
     start = time.monotonic()
