@@ -84,7 +84,7 @@ def _run_phase(
     cancelled: threading.Event,  # noqa: F821
 ) -> tuple[list[int], int, str | None, list[Rank]]:
     """Run one phase on every rank; the first failure stops the others.  The exit codes, the
-    phase's, why it failed and the rank that failed first (none where it did not)."""
+    phase's, why it failed, and the rank that failed first (in a list: empty where none did)."""
     import threading
 
     from pytest_sky.agent.remote import secret
