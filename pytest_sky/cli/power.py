@@ -53,7 +53,10 @@ def stop_cluster(store: StateStore, record: ClusterRecord) -> None:
             f"SkyPilot refuses too): tear it down with `pytest-sky down {record.name}`"
         )
     cluster = get_cluster(record.name, store)
-    for rank in reversed(range(cluster.num_nodes)):  # the head last: its connection goes with it
+    # The head first: a job's agent dies with it before any worker goes, so the job is
+    # FAILED_DRIVER, as on sky; a worker gone first let a loaded head's agent record the job
+    # FAILED, naming that worker, in the moment before its own node went.
+    for rank in range(cluster.num_nodes):
         cluster.kill_node(rank)
     _set_status(store, record.name, ClusterStatus.STOPPED)
 
