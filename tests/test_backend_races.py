@@ -186,3 +186,32 @@ def test_a_link_that_survives_its_deletion_is_an_error_not_a_silent_leak(tmp_pat
     finally:
         netns.delete_links(IP, [name])
     assert not netns.link_exists(name)
+
+
+def test_a_teardown_leaves_the_links_a_new_launch_made_under_the_freed_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The moment a cluster's group is deleted its bridge's name is free: another launch may
+    make a bridge of that very name before the teardown's last pass, which must leave it."""
+    from pytest_sky.backends.netns import links
+
+    index = free_indexes(1)
+    name = local.bridge_name(index)
+    subnet, base = local.subnet_of(index)
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, old)
+    real = links.ip_batch
+
+    def and_then_a_new_launch(ip: str, commands, *, force: bool = False) -> str:
+        out = real(ip, commands, force=force)
+        if any(c.startswith("link del group") for c in commands):
+            assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, new)
+        return out
+
+    monkeypatch.setattr(links, "ip_batch", and_then_a_new_launch)
+    try:
+        netns.delete_cluster_links(IP, name)
+        assert netns.link_alias(name) == new, "the teardown deleted a bridge another launch had just made"
+    finally:
+        monkeypatch.undo()
+        netns.delete_links(IP, [name])

@@ -240,10 +240,13 @@ def delete_cluster_links(ip: str, bridge: str, names: Sequence[str] = ()) -> Non
     for all of them (0.07 s for 16 or 64).  ``names`` (links made before groups, or by a
     caller that set none) are deleted by name afterwards, if any is still there.
     """
+    # Who owns each link, read before the group goes: once it has, the bridge's name is free,
+    # and another launch may make links of the very same names at once, which are not ours.
+    owners = {n: link_alias(n) for n in [*names, bridge] if link_exists(n)}
     group = link_group(bridge)
-    if group is not None and link_exists(bridge) and _group_is_ours(bridge, group):
+    if group is not None and bridge in owners and _group_is_ours(bridge, group):
         ip_batch(ip, [f"link del group {group}"], force=True)
-    delete_links(ip, [*names, bridge])
+    delete_links(ip, [n for n, owner in owners.items() if link_exists(n) and link_alias(n) == owner])
 
 
 def node_mac(ip: str) -> str:
