@@ -182,17 +182,23 @@ def bridge_owned_by(owner: str) -> str | None:
 
 
 def delete_links(ip: str, names: Sequence[str]) -> None:
-    """Delete links that exist; a link already gone is fine (teardown is idempotent).
+    """Delete links that exist; a link already gone is fine (teardown is idempotent)."""
+    _delete_owned(ip, {n: link_alias(n) for n in names if link_exists(n)})
 
-    One still there afterwards is an error that names it: a teardown never reports success
-    over a leak.  Still there means the same name *and* owner (alias): the moment a bridge
-    is gone its name is free, and another cluster's launch may take it at once.
-    """
-    present = {n: link_alias(n) for n in names if link_exists(n)}
-    if not present:
+
+def _still_owned(name: str, owner: str) -> bool:
+    """``name`` is still the link whose alias was ``owner``: the moment a bridge is gone its
+    name is free, and another cluster's launch may make a link of that name at once."""
+    return link_exists(name) and link_alias(name) == owner
+
+
+def _delete_owned(ip: str, owners: dict[str, str]) -> None:
+    """Delete these links (name: the owner they had when seen).  One still there afterwards
+    is an error that names it: a teardown never reports success over a leak."""
+    if not owners:
         return
-    err = ip_batch(ip, [f"link del {n}" for n in present], force=True)
-    left = [n for n, owner in present.items() if link_exists(n) and link_alias(n) == owner]
+    err = ip_batch(ip, [f"link del {n}" for n in owners], force=True)
+    left = [n for n, owner in owners.items() if _still_owned(n, owner)]
     if left:
         why = err.strip().splitlines()[0] if err.strip() else "ip gave no reason"
         raise ProvisionError(
@@ -246,7 +252,7 @@ def delete_cluster_links(ip: str, bridge: str, names: Sequence[str] = ()) -> Non
     group = link_group(bridge)
     if group is not None and bridge in owners and _group_is_ours(bridge, group):
         ip_batch(ip, [f"link del group {group}"], force=True)
-    delete_links(ip, [n for n, owner in owners.items() if link_exists(n) and link_alias(n) == owner])
+    _delete_owned(ip, {n: owner for n, owner in owners.items() if _still_owned(n, owner)})
 
 
 def node_mac(ip: str) -> str:
