@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from pytest_sky import console
+from pytest_sky.cli import job_report
 from pytest_sky.cli.commands import (
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     cmd_cancel,
     cmd_cost_report,
@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         console.error("interrupted")
-        return EXIT_INTERRUPTED
+        return job_report.EXIT_INTERRUPTED
     except BrokenPipeError:
         # `pytest-sky status --json | head`: the reader left; that is not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

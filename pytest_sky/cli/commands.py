@@ -24,9 +24,6 @@ from pytest_sky.protocol import LIVE, JobStatus
 EXIT_USAGE = 2
 
 
-EXIT_INTERRUPTED = job_report.EXIT_INTERRUPTED
-
-
 class UsageError(SkyError):
     """Bad arguments: one line, exit 2."""
 
@@ -147,7 +144,7 @@ def _run_task(cluster, task, detach: bool) -> int:
         console.hint(f"follow: pytest-sky logs {cluster.name} {job.id} --follow")
         return 0
     code = job_report.follow(cluster, job)
-    if code != EXIT_INTERRUPTED:
+    if code != job_report.EXIT_INTERRUPTED:
         print(job_report.useful_commands(cluster.name, job.id), flush=True)
     return code
 
@@ -221,7 +218,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             )
         except KeyboardInterrupt:
             console.error(f"interrupted while launching {args.cluster}: removed what was created")
-            return EXIT_INTERRUPTED
+            return job_report.EXIT_INTERRUPTED
         _say_up(cluster)
     if task is None:
         console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
