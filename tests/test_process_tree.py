@@ -132,3 +132,12 @@ def test_a_rank_told_to_stop_before_it_even_waits_is_stopped():
     assert time.monotonic() - start < 5, proc.stdout
     assert proc.returncode != 0
     assert proc.stdout.startswith("PSKY-PID ")
+
+
+def test_a_process_that_keeps_forking_is_stopped_with_all_it_started(cluster):
+    """The kill is repeated until nothing of the job is left: a child forked (or exec'd) while
+    the supervisor read /proc was missed by a one-shot kill and outlived the run."""
+    spawner = "setsid sh -c 'while :; do sleep 1005 & sleep 0.005; done' >/dev/null 2>&1 & "
+    res = cluster.run(spawner + "until [ \"$(pgrep -f 'sleep 1005' | wc -l)\" -ge 20 ]; do sleep 0.02; done; true")
+    assert res.returncode == 0, res.output
+    assert left_on_nodes(cluster) == ["0", "0"]

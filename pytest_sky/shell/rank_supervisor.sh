@@ -50,7 +50,15 @@ signal() {  # each process once (a second SIGTERM would cut its handler short)
   [ -z "$m" ] || kill -"$1" $m
   [ "$1" != KILL ] || kill -KILL -- -"$pid"
 }
-settle() { i=0; while members; [ -n "$m" ] && [ $i -lt "$1" ]; do sleep 0.05; i=$((i+1)); done; }
+settle() {  # wait up to $1 ticks for the job to be gone; with $2, send it again each tick: a
+  # process forked or exec'd while a scan of /proc read past it is caught by the next scan
+  i=0
+  while members; [ -n "$m" ] && [ $i -lt "$1" ]; do
+    # shellcheck disable=SC2086  # $m is a list of pids, one word each
+    [ -z "$2" ] || kill -"$2" $m
+    sleep 0.05; i=$((i+1))
+  done
+}
 started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd PROGRAM its
   # arguments hold this shell's $0 (it is still our fork) or psky-run (its own script), and a
   # TERM could end it before the trap that holds TERM is set: no pid line, no exit status.
@@ -70,7 +78,7 @@ PSKY_JOB_SCOPE=$tag setsid /bin/bash -c 'trap t=1 TERM
 echo "PSKY-PID $$"; trap - TERM; [ -z "$t" ] || exit 143; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
 pid=$!
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
-{ while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100; } <&3 >/dev/null 2>&1 &
+{ while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100 KILL; } <&3 >/dev/null 2>&1 &
 life=$!
 exec 3<&-
 {
@@ -79,7 +87,7 @@ if [ -n "$stop" ]; then
   wait "$life"
   [ "$code" -le 128 ] || { wait "$pid"; code=$?; }
 else
-  signal KILL; settle 100; kill "$life"
+  signal KILL; settle 100 KILL; kill "$life"
 fi
 [ -z "$cg" ] || rmdir "$cg"
 } >/dev/null 2>&1
