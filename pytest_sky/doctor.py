@@ -28,7 +28,8 @@ def leaked_links() -> list[str]:
 
 def link_owners() -> dict[str, str]:
     """Our links, each with its owner (the cluster directory in the link's alias)."""
-    return {n: link_alias(n) for n in leaked_links()}
+    owners = {n: link_alias(n) for n in leaked_links()}
+    return {n: owner for n, owner in owners.items() if owner is not None}
 
 
 def node_processes() -> list[tuple[int, str]]:

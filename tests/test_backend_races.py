@@ -144,11 +144,11 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
         assert len(netns.node_processes(node_dirs)) >= 3  # the nodes outlived their owner
         assert "killed-mid" in reap_orphans(StateStore(home))
         assert netns.node_processes(node_dirs) == []
-        assert not any(str(home) in netns.link_alias(n) for n in os.listdir("/sys/class/net"))
+        assert not any(str(home) in (netns.link_alias(n) or "") for n in os.listdir("/sys/class/net"))
         assert not any(os.path.exists(c) for c in cgroups)
     finally:  # never leak, even when the reaper under test failed
         netns.reap_nodes([], cgroups=cgroups, node_dirs=node_dirs)
-        links = [n for n in os.listdir("/sys/class/net") if str(home) in netns.link_alias(n)]
+        links = [n for n in os.listdir("/sys/class/net") if str(home) in (netns.link_alias(n) or "")]
         netns.delete_links(IP, links + list(journal.get("veths", [])))
 
 

@@ -360,14 +360,35 @@ def test_reaper_removes_bridges_no_cluster_owns_and_only_those(sky_home: Path):
     store = StateStore()
     orphan, foreign = "psky9990", "psky9991"
     for name, owner in [(orphan, str(store.cluster_dir("gone"))), (foreign, "/elsewhere/clusters/x")]:
-        netns.ip_batch(ip, [f"link add {name} type bridge", f"link set {name} up"])  # no address: sends nothing
-        netns.set_alias(name, owner)
+        with netns.link_lock(exclusive=False):  # as creators do: another worker's reaper waits for the alias
+            netns.ip_batch(ip, [f"link add {name} type bridge", f"link set {name} up"])  # no address: sends nothing
+            netns.set_alias(name, owner)
     try:
         reaped = reap_orphans(store)
         assert f"link {orphan}" in reaped and not netns.link_exists(orphan)
         assert netns.link_exists(foreign)  # another state directory's, or the emulator's: not ours to judge
     finally:
         netns.delete_links(ip, [orphan, foreign])
+
+
+def test_the_reaper_neither_takes_nor_reports_a_link_another_teardown_just_deleted(
+    sky_home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Another process's teardown may delete its bridge between the reaper's listing and its
+    look at the bridge's alias: a link that is gone is not an unowned one (under xdist the
+    reaper once reported such a link as a stray it had taken)."""
+    from pytest_sky.backends import local
+
+    gone = "psky9989"
+    assert not netns.link_exists(gone)
+    real = os.listdir
+
+    def listing_with_a_link_deleted_since(path):  # the listing saw it; it is gone now
+        names = real(path)
+        return [*names, gone] if str(path) == "/sys/class/net" else names
+
+    monkeypatch.setattr(local.os, "listdir", listing_with_a_link_deleted_since)
+    assert gone not in local.LocalBackend().reap_stray_links(StateStore().root / "clusters")
 
 
 def test_each_cluster_directory_is_the_top_of_its_own_hierarchy_for_ext4(tmp_path: Path):

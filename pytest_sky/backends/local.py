@@ -245,6 +245,8 @@ class LocalBackend(Backend):
             if not re.fullmatch(rf"{netns.LINK_PREFIX}\d+", name) or any((base / "brif").glob("*")):
                 return False
             owner = netns.link_alias(name)
+            if owner is None:  # deleted since the listing, by its own cluster's teardown
+                return False
             if not owner:
                 return True
             path = Path(owner)

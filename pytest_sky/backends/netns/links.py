@@ -166,11 +166,13 @@ def set_alias(link: str, alias: str) -> None:
         Path(f"/sys/class/net/{link}/ifalias").write_text(alias[:255])
 
 
-def link_alias(link: str) -> str:
+def link_alias(link: str) -> str | None:
+    """The link's alias ("" when it has none); None when there is no such link, which another
+    process's teardown may have deleted a moment ago: gone is not the same as unowned."""
     try:
         return Path(f"/sys/class/net/{link}/ifalias").read_text().strip()
     except OSError:
-        return ""
+        return None
 
 
 def bridge_owned_by(owner: str) -> str | None:
@@ -186,13 +188,13 @@ def delete_links(ip: str, names: Sequence[str]) -> None:
     _delete_owned(ip, {n: link_alias(n) for n in names if link_exists(n)})
 
 
-def _still_owned(name: str, owner: str) -> bool:
+def _still_owned(name: str, owner: str | None) -> bool:
     """``name`` is still the link whose alias was ``owner``: the moment a bridge is gone its
     name is free, and another cluster's launch may make a link of that name at once."""
     return link_exists(name) and link_alias(name) == owner
 
 
-def _delete_owned(ip: str, owners: dict[str, str]) -> None:
+def _delete_owned(ip: str, owners: dict[str, str | None]) -> None:
     """Delete these links (name: the owner they had when seen).  One still there afterwards
     is an error that names it: a teardown never reports success over a leak."""
     if not owners:
