@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import _pytest.pytester as _pytester
 import pytest
 
 if TYPE_CHECKING:
@@ -20,6 +21,28 @@ if TYPE_CHECKING:
 #: clears PYTEST_ADDOPTS).
 LEAN_INNER_RUNS = "-p no:hydra_pytest -p no:anyio"
 os.environ["PYTEST_ADDOPTS"] = LEAN_INNER_RUNS
+
+
+#: Packages whose modules pytester must never drop.  pytester puts ``sys.modules`` back as it
+#: was after each test that uses it and after each in-process run, dropping every module first
+#: imported in between.  The kubernetes client imports its models on first use and keeps them
+#: in its package's namespace, so a model first used inside such a run outlived its module:
+#: the next import made a second class of the same name, and the client's pydantic checks
+#: refused one for the other (``V1DeleteOptions``: "Input should be a valid dictionary or
+#: instance of V1DeleteOptions"), failing every later Kubernetes teardown in that worker.
+#: pytester keeps zope's modules for the same reason.
+KEPT_ACROSS_INNER_RUNS = ("kubernetes", "pydantic", "pydantic_core")
+
+
+class _KeepsClientModules(_pytester.SysModulesSnapshot):
+    def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
+        def keep(name: str) -> bool:
+            return name.startswith(KEPT_ACROSS_INNER_RUNS) or (preserve is not None and preserve(name))
+
+        super().__init__(preserve=keep)
+
+
+_pytester.SysModulesSnapshot = _KeepsClientModules  # type: ignore[misc]
 
 
 @pytest.fixture(autouse=True)
