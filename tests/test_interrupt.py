@@ -56,13 +56,19 @@ def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> 
 
 
 def _fail_with_stacks(proc: subprocess.Popen[bytes], home: Path, sig: signal.Signals) -> None:
-    """The inner run did not end within 60 s of the signal: every thread's stack (faulthandler,
-    on SIGABRT) goes into the failure, and what it left is torn down (its owner is gone)."""
+    """The inner run did not end within 60 s of the signal: its signal masks (a signal it was
+    started with blocked or ignored never arrives) and every thread's stack (faulthandler, on
+    SIGABRT) go into the failure, and what it left is torn down (its owner is gone)."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        masks = " ".join(line.replace("\t", "") for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError as exc:
+        masks = f"(no status: {exc})"
     proc.send_signal(signal.SIGABRT)
     out, _ = proc.communicate(timeout=30)
     cli = Path(sys.executable).with_name("pytest-sky")
     subprocess.run([str(cli), "down", "--all"], env={**os.environ, "PYTEST_SKY_HOME": str(home)}, timeout=120)
-    pytest.fail(f"the inner run was still going 60 s after {sig.name}; where it was:\n{out.decode()[-6000:]}")
+    pytest.fail(f"the inner run was still going 60 s after {sig.name} ({masks}); where it was:\n{out.decode()[-6000:]}")
 
 
 def records(home: Path) -> list[dict]:
