@@ -55,6 +55,44 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _pass_plugins_off_to_inner_runs(config)
+    config.addinivalue_line(
+        "markers",
+        "long(seconds): takes about that long alone on a 2-core machine; the longest start first"
+        " (see pytest_collection_modifyitems)",
+    )
+
+
+def _seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return float(marker.args[0]) if marker and marker.args else 0.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests start first, longest first, one per xdist worker, instead of wherever
+    they fall.
+
+    The suite is CPU-bound on 2 cores, so its wall time is its CPU time over two, plus
+    whatever time it spends at the end with one long test running alone: in collection
+    order the smoke tests came last and the run ended waiting ~20 s on NeMo and elastic
+    training.  xdist's worksteal gives each worker a contiguous share of this list and steals
+    from the shares' ends, so each share begins with its turn of the long tests (the order
+    must be the same in every worker, and is: it depends on the list and the worker count).
+    """
+    long = sorted((item for item in items if item.get_closest_marker("long")), key=_seconds, reverse=True)
+    if not long:
+        return
+    rest = [item for item in items if not item.get_closest_marker("long")]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for share in range(workers):
+        size = left // (workers - share)  # as worksteal sizes the shares it sends first
+        head = long[share::workers][:size]
+        ordered += head + rest[: size - len(head)]
+        del rest[: size - len(head)]
+        left -= size
+    placed = {id(item) for item in ordered}
+    items[:] = ordered + [item for item in long if id(item) not in placed] + rest
 
 
 def _pass_plugins_off_to_inner_runs(config: pytest.Config) -> None:

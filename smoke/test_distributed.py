@@ -94,6 +94,7 @@ def _check_ddp(cluster: Cluster, res: RunResult, nproc: int, *, static: bool) ->
     assert len(params) == 1, f"DDP replicas diverged: parameter checksums {params}"
 
 
+@pytest.mark.long(8)
 @pytest.mark.multinode
 def test_torchrun_ddp_static_rendezvous(sky_launch):
     """2 nodes x 2 processes, ``--node_rank`` from SKYPILOT_NODE_RANK, master at the head."""
@@ -104,6 +105,7 @@ def test_torchrun_ddp_static_rendezvous(sky_launch):
     _check_ddp(cluster, res, nproc, static=True)
 
 
+@pytest.mark.long(8)
 @pytest.mark.multinode
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_torchrun_ddp_c10d_rendezvous(sky_launch, num_nodes):

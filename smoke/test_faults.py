@@ -47,6 +47,7 @@ def _wait_for_lines(job, text: str, count: int, timeout: float = RUN_TIMEOUT) ->
     pytest.fail(f"job ended before {count} ranks printed {text!r}: {job.error}\n{job.logs()}")
 
 
+@pytest.mark.long(12)
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
 def test_allreduce_across_a_partition_fails_naming_the_rank(sky_cluster: Cluster):
@@ -81,6 +82,7 @@ def _gbps(cluster: Cluster, task: Task) -> float:
     return float(line.split()[1])
 
 
+@pytest.mark.long(7)
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
 def test_slow_link_lowers_allreduce_bandwidth(sky_cluster: Cluster):
@@ -160,6 +162,7 @@ def _fields(line: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
 
 
+@pytest.mark.long(44)
 @pytest.mark.no_kubernetes  # restart_node is the local backend's
 def test_elastic_training_resumes_from_checkpoint_after_node_restart(sky_launch):
     """Kill rank 1 mid-training, restart it: training finishes every step, the restarted

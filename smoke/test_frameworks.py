@@ -48,6 +48,7 @@ def gpu_request(sky_backend: str, num_nodes: int) -> str:
     return "H100:1"
 
 
+@pytest.mark.long(6)
 @pytest.mark.multinode(num_nodes=2)
 def test_tf_multiworker_mirrored_strategy(sky_launch):
     """MultiWorkerMirroredStrategy with TF_CONFIG built from SKYPILOT_NODE_IPS and the node rank:
@@ -85,6 +86,7 @@ def nemo_finished(res, start: int, steps: int) -> str:
     return lines[0][5]
 
 
+@pytest.mark.long(27)
 @pytest.mark.multinode(num_nodes=2)
 def test_nemo_trains_across_nodes_on_cpu_and_resumes_from_rank0s_checkpoint(sky_launch, sky_settings):
     """NeMo's own stack (a ModelPT, Lightning's DDP over gloo, exp_manager) across 2 nodes:

@@ -41,6 +41,7 @@ def settle(cluster: Cluster, ready, timeout: float = 60) -> dict[int, str]:
     return now
 
 
+@pytest.mark.long(6)
 def test_seventy_five_jobs_on_eight_cpus_run_sixteen_at_a_time_in_order(eight_cpus: Cluster):
     jobs = [eight_cpus.submit(f"echo {i}; exec sleep 600") for i in range(1, 76)]
     assert [j.id for j in jobs] == list(range(jobs[0].id, jobs[0].id + 75))

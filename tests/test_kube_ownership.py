@@ -192,6 +192,7 @@ def test_teardown_deletes_each_object_by_name_with_a_grace_period_and_waits(home
         assert d.options.get("gracePeriodSeconds") != 0, d  # 0 is a force delete
 
 
+@pytest.mark.long(8)
 def test_down_purge_forgets_records_whose_api_server_is_gone(home: Path, tmp_path: Path):
     """One record's kubeconfig is gone with its API server, the other's still names the dead
     server: ``down`` says ``--purge`` exists; ``down --purge`` forgets and says what is left."""

@@ -254,6 +254,7 @@ def test_evicted_worker_pod_fails_the_job_naming_the_rank(home: Path, emu: Emula
     assert ours(emu, "k8s-evict") == []
 
 
+@pytest.mark.long(6)
 def test_four_multinode_tests_at_once_on_the_emulator(pytester: pytest.Pytester, home: Path, emu: Emulator):
     pytester.makepyfile(
         test_inner="""

@@ -76,6 +76,7 @@ def test_module_scope_shares_one_cluster_and_the_next_test_sees_no_process_of_th
     assert_nothing_left(sky_home, [infos["first"]])
 
 
+@pytest.mark.long(10)
 @needs_local_backend
 def test_the_next_test_gets_a_healed_network_and_a_killed_node_means_a_fresh_cluster(
     pytester: pytest.Pytester, sky_home: Path

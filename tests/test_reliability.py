@@ -106,6 +106,7 @@ def test_eight_multinode_tests_on_four_workers(pytester: pytest.Pytester, home: 
     assert our_links(home) == []
 
 
+@pytest.mark.long(7)
 def test_two_hundred_launch_teardown_cycles_leave_nothing(home: Path):
     """50 cycles in every run (CI included), all 200 with PYTEST_SKY_SLOW=1."""
     for i in range(200 if os.environ.get("PYTEST_SKY_SLOW") == "1" else 50):

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.plugin_helpers import needs_local_backend
 
 pytestmark = needs_local_backend
@@ -48,6 +50,7 @@ def _name() -> str:
     return f"skyf{os.getpid() % 10000}"
 
 
+@pytest.mark.long(7)
 def test_launch_exec_logs_exit_codes_as_sky(tmp_path: Path) -> None:
     res = run_sequence(
         tmp_path,
