@@ -35,7 +35,7 @@ Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
 
-0. product, config, selectors, faults, images, rbac: leaves, importing nothing of the emulator's
+0. product, config, selectors, faults, images, rbac, tls: leaves, importing nothing of the emulator's
 1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
    bridge and addresses; the record a killed emulator leaves
 2. api, patches, validation, admission, events, nodes, dns, scheduling: what the API server

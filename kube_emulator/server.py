@@ -1,4 +1,6 @@
-"""The HTTP face of the emulator: discovery, authentication, the admin endpoints, the kubeconfig.
+"""The HTTPS face of the emulator: discovery, authentication, the admin endpoints, the kubeconfig.
+
+HTTPS only, as every real API server, with a CA of its own in the kubeconfig (:mod:`kube_emulator.tls`).
 
 One catch-all aiohttp handler answers discovery (``/version``, ``/api``, ``/api/v1``),
 authenticates the bearer token, and hands ``/api/v1/...`` to :class:`~kube_emulator.rest.ResourceApi`
@@ -26,6 +28,7 @@ an exec or port-forward websocket depends on ``kube_version`` (see the rbac modu
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import logging
@@ -56,6 +59,7 @@ from kube_emulator.rbac import (
 )
 from kube_emulator.rest import Deletion, ResourceApi, json_response
 from kube_emulator.selectors import SelectorError
+from kube_emulator.tls import ServerTls, serving_tls
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +121,7 @@ class EmulatorServer:
         self._runner: web.AppRunner | None = None
         self._wrote_kubeconfig = False
         self.url = ""
+        self.tls: ServerTls | None = None
 
     # -- life -------------------------------------------------------------------------------
 
@@ -131,11 +136,12 @@ class EmulatorServer:
         app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        self.tls = await loop.run_in_executor(None, serving_tls, (self.host,))
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.context)
         await site.start()
         sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
         self.port = sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"https://{self.host}:{self.port}"
         self._write_kubeconfig()
 
     async def stop(self) -> None:
@@ -172,7 +178,7 @@ class EmulatorServer:
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
+            "clusters": [{"name": CONTEXT, "cluster": self.cluster_entry()}],
             "users": [{"name": n, "user": {"token": t}} for n, t in users.items()],
             "contexts": [
                 {"name": c, "context": {"cluster": CONTEXT, "user": u, "namespace": "default"}}
@@ -181,6 +187,11 @@ class EmulatorServer:
             "current-context": self.current_context,
             "preferences": {},
         }
+
+    def cluster_entry(self) -> dict[str, str]:
+        """The kubeconfig's ``cluster``: the HTTPS address and the CA that signed its certificate."""
+        assert self.tls is not None, "the server has not started"
+        return {"server": self.url, "certificate-authority-data": base64.b64encode(self.tls.ca_pem).decode()}
 
     def _write_kubeconfig(self) -> None:
         """Written only once the server answers, by rename: its appearance means ready."""

@@ -7,10 +7,12 @@ emulator started is gone afterwards.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -363,14 +365,16 @@ def test_watch_resumes_from_a_resource_version(v1: client.CoreV1Api) -> None:
     assert seen == [("ADDED", "rv-1"), ("DELETED", "rv-1")]
 
 
-def _admin(url: str, token: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _admin(cluster: dict[str, str], token: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """An admin endpoint, over HTTPS verified against the kubeconfig's CA (``cluster``: its entry)."""
+    trust = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
     req = urllib.request.Request(
-        url + path,
+        cluster["server"] + path,
         data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         method="POST" if body is not None else "GET",
     )
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=10, context=trust) as resp:
         return json.loads(resp.read())
 
 
@@ -411,9 +415,10 @@ def test_process_sigterm_tears_everything_down(tmp_path: Path) -> None:
         wait_for(v1, "app=proc", lambda p: running(p) or unschedulable(p), 2)
         kc = yaml.safe_load(kubeconfig.read_text())
         token = next(u["user"]["token"] for u in kc["users"] if u["name"] == "emulator-admin")
-        url = kc["clusters"][0]["cluster"]["server"]
-        assert _admin(url, token, "/emulator/faults")["pending"] == ["never-*"]
-        assert _admin(url, token, "/emulator/faults", {"pending": None})["pending"] == []
+        cluster = kc["clusters"][0]["cluster"]
+        assert cluster["server"].startswith("https://")  # as every real API server: never plain HTTP
+        assert _admin(cluster, token, "/emulator/faults")["pending"] == ["never-*"]
+        assert _admin(cluster, token, "/emulator/faults", {"pending": None})["pending"] == []
         wait_for(v1, "app=proc", running, 2)
         assert leftovers(str(state))
     finally:

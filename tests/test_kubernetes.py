@@ -53,6 +53,36 @@ def node_names(emu: Emulator, cluster: str) -> list[str]:
     return [p.spec.node_name for p in pods]
 
 
+def test_the_api_server_speaks_https_only_and_a_wrong_ca_fails_the_launch_in_one_line(
+    home: Path, emu: Emulator, tmp_path: Path
+):
+    """As every real API server: HTTPS, its CA in the kubeconfig, so every launch, exec and
+    port-forward of these tests verifies a certificate.  A kubeconfig that trusts another CA
+    fails the launch before anything is made, in one line that names the CA."""
+    import base64
+
+    import yaml
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from kube_emulator.tls import make_ca
+
+    config = yaml.safe_load(emu.kubeconfig_path.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    assert cluster["server"].startswith("https://") and cluster["certificate-authority-data"]
+    cluster["certificate-authority-data"] = base64.b64encode(make_ca("another")[1].public_bytes(Encoding.PEM)).decode()
+    wrong = tmp_path / "kubeconfig"
+    wrong.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "KUBECONFIG": str(wrong), "CI": "1"}
+    run = subprocess.run(
+        [SCRIPT, "launch", "-c", "k8s-wrong-ca", "--kubernetes"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("pytest-sky: error: cannot verify the API server of kube context 'kube-emulator'"), line
+    assert "certificate-authority-data" in line and "self-signed certificate" in line, line
+    assert ours(emu, "k8s-wrong-ca") == []
+
+
 def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
     with launch(emu, "k8s-basic") as c:
         res = c.run('echo "$SKYPILOT_NODE_RANK $(hostname)"; echo "$SKYPILOT_CLUSTER_INFO"')

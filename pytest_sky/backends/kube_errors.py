@@ -149,7 +149,33 @@ def creation_refused(
 
 
 def unreachable(exc: BaseException, context: str | None, server: str) -> BackendUnavailableError:
-    """A request that never got an answer (refused, timed out, no route): the reason, not
-    urllib3's retry story."""
+    """A request that never got an answer (refused, timed out, no route, a certificate not
+    trusted): the reason, not urllib3's retry story."""
+    tls = _certificate_failure(exc)
+    if tls is not None:
+        return BackendUnavailableError(
+            f"cannot verify the API server of kube context {context!r} ({server}): {tls}; the kubeconfig's "
+            "certificate-authority-data (or certificate-authority) must be the CA that signed its certificate, "
+            "for the address in its server field"
+        )
     reason = str(getattr(exc, "reason", None) or exc).splitlines()[0].rsplit(": ", 1)[-1][:200]
     return BackendUnavailableError(f"cannot reach the API server of kube context {context!r} ({server}): {reason}")
+
+
+def _certificate_failure(exc: BaseException) -> str | None:
+    """Why TLS refused the server's certificate, found wherever the client wrapped it
+    (urllib3: ``MaxRetryError.reason`` -> ``SSLError(SSLCertVerificationError)``); None when
+    the failure was something else."""
+    import ssl
+
+    seen: set[int] = set()
+    pending: list[object] = [exc]
+    while pending:
+        err = pending.pop()
+        if not isinstance(err, BaseException) or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, ssl.SSLCertVerificationError):
+            return err.verify_message or "certificate verify failed"
+        pending += [getattr(err, "reason", None), err.__cause__, err.__context__, *err.args]
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pytest_sky.backends import kube_client
 from pytest_sky.backends.kube_client import KubeClient
-from pytest_sky.backends.kube_errors import api_message
+from pytest_sky.backends.kube_errors import api_message, unreachable
 from pytest_sky.errors import BackendUnavailableError
 
 
@@ -32,9 +32,7 @@ def check_namespace(client: KubeClient) -> None:
                 f"kube context {client.context!r} is not authorised (401): check its credentials"
             ) from None
     except Exception as exc:  # noqa: BLE001 - connection errors come as urllib3 exceptions
-        raise BackendUnavailableError(
-            f"cannot reach the API server of kube context {client.context!r}: {str(exc).splitlines()[0][:200]}"
-        ) from None
+        raise unreachable(exc, client.context, client.server) from None
 
 
 def check_claim(client: KubeClient, claim_name: str | None, shared_dir: str) -> None:
