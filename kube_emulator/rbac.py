@@ -265,6 +265,11 @@ class Authorizer:
     def authenticate(self, token: str) -> Subject | None:
         return self.subjects.get(token)
 
+    def authenticate_user(self, user: str) -> Subject:
+        """A user the CA vouched for (a client certificate): the grants bound to that name,
+        or none (authenticated, allowed nothing), as RBAC treats a user no binding names."""
+        return next((s for s in self.subjects.values() if s.user == user), Subject(user))
+
     def authorize(self, subject: Subject, req: Request) -> None:
         """Raise :class:`Forbidden` unless some grant of ``subject`` allows ``req``."""
         allowed = subject.grants is None or any(g.allows(req) for g in subject.grants)

@@ -59,7 +59,7 @@ from kube_emulator.rbac import (
 )
 from kube_emulator.rest import Deletion, ResourceApi, json_response
 from kube_emulator.selectors import SelectorError
-from kube_emulator.tls import ServerTls, serving_tls
+from kube_emulator.tls import Credential, ServerTls, peer_identity, serving_tls
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,17 @@ ROLE_CONTEXT = f"{CONTEXT}-role"
 ROLE_USER = "system:serviceaccount:default:pytest-sky"
 #: The Role the ``role`` token holds unless another is given: the one the project ships.
 SHIPPED_ROLE = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "rbac.yaml"
-CONTEXTS = (CONTEXT, ROLE_CONTEXT, f"{CONTEXT}-readonly", f"{CONTEXT}-nobody", f"{CONTEXT}-badtoken")
+#: The Role's user again, authenticated by a client certificate the emulator's CA issued
+#: (``client-certificate-data``) instead of a token, as many kubeconfigs of real clusters do.
+ROLE_CERT_CONTEXT = f"{CONTEXT}-role-cert"
+CONTEXTS = (
+    CONTEXT,
+    ROLE_CONTEXT,
+    ROLE_CERT_CONTEXT,
+    f"{CONTEXT}-readonly",
+    f"{CONTEXT}-nobody",
+    f"{CONTEXT}-badtoken",
+)
 READONLY_RULES = (PolicyRule(verbs=("get", "list", "watch"), api_groups=("*",), resources=("*",)),)
 T = TypeVar("T")
 
@@ -122,6 +132,7 @@ class EmulatorServer:
         self._wrote_kubeconfig = False
         self.url = ""
         self.tls: ServerTls | None = None
+        self._role_cert: Credential | None = None
 
     # -- life -------------------------------------------------------------------------------
 
@@ -137,6 +148,7 @@ class EmulatorServer:
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         self.tls = await loop.run_in_executor(None, serving_tls, (self.host,))
+        self._role_cert = self.tls.ca.issue_client(ROLE_USER)
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.context)
         await site.start()
         sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
@@ -170,6 +182,7 @@ class EmulatorServer:
         contexts = {
             CONTEXT: "emulator-admin",
             ROLE_CONTEXT: "emulator-role",
+            ROLE_CERT_CONTEXT: "emulator-role-cert",
             f"{CONTEXT}-readonly": "emulator-readonly",
             f"{CONTEXT}-nobody": "emulator-nobody",
             f"{CONTEXT}-badtoken": "emulator-badtoken",
@@ -179,7 +192,10 @@ class EmulatorServer:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": CONTEXT, "cluster": self.cluster_entry()}],
-            "users": [{"name": n, "user": {"token": t}} for n, t in users.items()],
+            "users": [
+                *({"name": n, "user": {"token": t}} for n, t in users.items()),
+                {"name": "emulator-role-cert", "user": self._client_certificate_entry()},
+            ],
             "contexts": [
                 {"name": c, "context": {"cluster": CONTEXT, "user": u, "namespace": "default"}}
                 for c, u in contexts.items()
@@ -191,7 +207,14 @@ class EmulatorServer:
     def cluster_entry(self) -> dict[str, str]:
         """The kubeconfig's ``cluster``: the HTTPS address and the CA that signed its certificate."""
         assert self.tls is not None, "the server has not started"
-        return {"server": self.url, "certificate-authority-data": base64.b64encode(self.tls.ca_pem).decode()}
+        return {"server": self.url, "certificate-authority-data": base64.b64encode(self.tls.ca.pem).decode()}
+
+    def _client_certificate_entry(self) -> dict[str, str]:
+        assert self._role_cert is not None, "the server has not started"
+        return {
+            "client-certificate-data": base64.b64encode(self._role_cert.cert_pem).decode(),
+            "client-key-data": base64.b64encode(self._role_cert.key_pem).decode(),
+        }
 
     def _write_kubeconfig(self) -> None:
         """Written only once the server answers, by rename: its appearance means ready."""
@@ -280,9 +303,16 @@ class EmulatorServer:
             return json_response(ApiError(500, "InternalError", f"kube emulator bug: {exc!r}").status(), 500)
 
     def _authenticate(self, request: web.Request) -> Subject:
+        """A bearer token, else a client certificate our CA issued (TLS verified it already;
+        the user is its common name), as the real API server's authenticators are tried."""
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        subject = self.authorizer.authenticate(token) if token else None
+        if token:
+            subject = self.authorizer.authenticate(token)
+        else:
+            ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+            identity = peer_identity(ssl_object.getpeercert() if ssl_object is not None else None)
+            subject = self.authorizer.authenticate_user(identity[0]) if identity else None
         if subject is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return subject

@@ -5,9 +5,10 @@ Every real API server speaks HTTPS only, and its kubeconfig carries the CA that 
 lost the CA on the way to a port-forward's websocket, or sent a token over plain HTTP (which
 client-go refuses to do) fails here as it would on a cluster, not only there.
 
-Each emulator makes a fresh CA (ECDSA P-256, valid for a week) and a serving certificate for
-its host (an IP address or a name in the subjectAltName, as client certificate checks need).
-The private keys live in memory and in files only for the moment ``ssl`` loads them.
+Each emulator makes a fresh CA (ECDSA P-256, valid for a week), a serving certificate for its
+host (an IP address or a name in the subjectAltName, as clients check), and client
+certificates for users who authenticate with one instead of a token.  The private keys live
+in memory, and in a file only for the moment ``ssl`` loads the server's.
 """
 
 from __future__ import annotations
@@ -21,14 +22,6 @@ from dataclasses import dataclass
 
 #: How long the emulator's certificates hold (an emulator lives for a test run).
 VALIDITY = datetime.timedelta(days=7)
-
-
-@dataclass(frozen=True)
-class ServerTls:
-    """What the server serves with (``context``) and what its clients trust (``ca_pem``)."""
-
-    context: ssl.SSLContext
-    ca_pem: bytes
 
 
 def _name(common_name: str):  # -> x509.Name
@@ -48,7 +41,7 @@ def _san(host: str):  # -> x509.GeneralName
 
 
 def make_ca(common_name: str = "kube-emulator-ca"):  # -> (private key, certificate)
-    """A self-signed CA that may sign server certificates, and nothing else of ours."""
+    """A self-signed CA that may sign certificates, and nothing else of ours."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -73,37 +66,103 @@ def make_ca(common_name: str = "kube-emulator-ca"):  # -> (private key, certific
     return key, cert
 
 
-def serving_tls(hosts: tuple[str, ...]) -> ServerTls:
-    """A new CA and a certificate for ``hosts`` (the first is the common name) it signed."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+@dataclass(frozen=True)
+class Credential:
+    """A certificate the CA issued, and its private key, both PEM."""
 
-    ca_key, ca_cert = make_ca()
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    chain = cert.public_bytes(pem) + ca_cert.public_bytes(pem)
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    cert_pem: bytes
+    key_pem: bytes
+
+
+class CertificateAuthority:
+    """A CA of the emulator's own: it signs the serving certificate and the users' client
+    certificates (a user is the certificate's common name, its groups the organizations, as
+    the real API server reads them).  Its key never leaves the process."""
+
+    def __init__(self, common_name: str = "kube-emulator-ca") -> None:
+        self._key, self.cert = make_ca(common_name)
+
+    @property
+    def pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue_server(self, hosts: tuple[str, ...]) -> Credential:
+        """For ``hosts`` (the first is the common name), each in the subjectAltName."""
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        return self._issue(
+            _name(hosts[0]),
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            x509.SubjectAlternativeName([_san(h) for h in hosts]),
+        )
+
+    def issue_client(self, user: str, groups: tuple[str, ...] = ()) -> Credential:
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+        subject = x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, user)])
+        return self._issue(subject, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    def _issue(self, subject, usage, *extensions) -> Credential:  # cryptography's types, imported lazily
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
+        )
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        pem = serialization.Encoding.PEM
+        key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        return Credential(builder.sign(self._key, hashes.SHA256()).public_bytes(pem), key_pem)
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """What the server serves with (``context``, which also asks clients for a certificate
+    and trusts those ``ca`` issued) and the CA its clients trust."""
+
+    context: ssl.SSLContext
+    ca: CertificateAuthority
+
+
+def serving_tls(hosts: tuple[str, ...]) -> ServerTls:
+    """A new CA, and the server's side of TLS for ``hosts`` with a certificate it signed."""
+    ca = CertificateAuthority()
+    server = ca.issue_server(hosts)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(context, chain, key_pem)
-    return ServerTls(context=context, ca_pem=ca_cert.public_bytes(pem))
+    _load_chain(context, server.cert_pem + ca.pem, server.key_pem)
+    context.verify_mode = ssl.CERT_OPTIONAL  # a bearer token is enough; a client certificate, if any, must be ours
+    context.load_verify_locations(cadata=ca.pem.decode())
+    return ServerTls(context=context, ca=ca)
+
+
+def peer_identity(peercert: dict | None) -> tuple[str, tuple[str, ...]] | None:
+    """The user and groups of a verified client certificate (``ssl``'s ``getpeercert()``),
+    as the API server reads them: common name and organizations; None without one."""
+    if not peercert:
+        return None
+    fields = [attr for rdn in peercert.get("subject", ()) for attr in rdn]
+    users = [value for key, value in fields if key == "commonName"]
+    groups = tuple(value for key, value in fields if key == "organizationName")
+    return (users[0], groups) if users else None
 
 
 def _load_chain(context: ssl.SSLContext, chain: bytes, key_pem: bytes) -> None:

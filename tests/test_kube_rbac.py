@@ -26,7 +26,7 @@ from pytest_sky.ssh import kube_proxy
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
-from kube_emulator import ROLE_CONTEXT, ROLE_USER, Emulator
+from kube_emulator import ROLE_CERT_CONTEXT, ROLE_CONTEXT, ROLE_USER, Emulator
 from kube_emulator.rbac import (
     Authorizer,
     Forbidden,
@@ -327,6 +327,28 @@ def test_launch_run_and_teardown_under_exactly_the_shipped_role(home: Path, emu:
     allowed_, denied = role_requests(emu, since)
     assert denied <= TOLERATED, denied
     assert allowed_ <= granted_by(SHIPPED.read_text())
+
+
+def test_a_client_certificate_user_launches_runs_and_tears_down_under_the_shipped_role(
+    home: Path, emu: Emulator
+) -> None:
+    """Many kubeconfigs authenticate with a client certificate, not a token: the launch, the
+    exec and port-forward websockets and the teardown all present it, and the API server
+    knows the user by its common name (the Role's ServiceAccount user here)."""
+    import yaml
+
+    users = yaml.safe_load(emu.kubeconfig_path.read_text())["users"]
+    (user,) = [u["user"] for u in users if u["name"] == "emulator-role-cert"]
+    assert "token" not in user and user["client-certificate-data"] and user["client-key-data"]
+    since = len(emu.decisions())
+    options = {"kubeconfig": str(emu.kubeconfig_path), "context": ROLE_CERT_CONTEXT}
+    with pytest_sky.launch(num_nodes=2, name="rbac-cert", backend="kubernetes", backend_options=options) as c:
+        assert [r.stdout.strip() for r in c.run("hostname").ranks] == ["rbac-cert-head", "rbac-cert-worker1"]
+    assert purge(emu, "rbac-cert") == []
+    allowed_, denied = role_requests(emu, since)
+    resources = {resource for _, resource in allowed_}  # the websockets' verb depends on the version
+    assert {"pods", "pods/exec", "pods/portforward"} <= resources, allowed_
+    assert denied <= TOLERATED, denied
 
 
 def test_before_135_a_role_without_create_on_the_websockets_works(home: Path, emu134: Emulator) -> None:
