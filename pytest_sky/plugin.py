@@ -88,7 +88,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 def _terminate(signum: int, frame: object) -> None:
     """SIGTERM (CI timeouts, `kill`) becomes what Ctrl-C is: pytest stops and tears down."""
-    raise KeyboardInterrupt(f"pytest-sky: signal {signum}: tearing clusters down")
+    from pytest_sky import interrupts
+
+    interrupts.request(signum)
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    from pytest_sky import interrupts
+
+    interrupts.seen()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from pytest_sky import interrupts
 from pytest_sky.errors import RunError, RunTimeoutError
 from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import (
@@ -312,6 +313,7 @@ class AgentClient:
             collector = _Collector(spec, on_line)
             buf = b""
             while collector.done is None:
+                interrupts.check()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise RunTimeoutError(
@@ -337,6 +339,9 @@ class AgentClient:
                     + (f": {err}" if err else " (connection lost?)")
                 )
             return collector.result(time.monotonic() - started)
+        except KeyboardInterrupt:
+            interrupts.seen()
+            raise
         finally:
             chan.close()
 

@@ -21,9 +21,11 @@ import pytest
 from tests.leftovers import live_nodes, our_links
 
 INNER_RUN = """
-import os, pathlib
+import os, pathlib, signal
 
 def test_long_run(sky_cluster):
+    # What answers SIGTERM in here, for the failure message should it go unanswered.
+    pathlib.Path(os.environ["SIGNAL_FILE"] + ".handler").write_text(repr(signal.getsignal(signal.SIGTERM)))
     pathlib.Path(os.environ["SIGNAL_FILE"]).write_text(sky_cluster.name)
     sky_cluster.run("sleep 120")
 """
@@ -64,6 +66,9 @@ def _fail_with_stacks(proc: subprocess.Popen[bytes], home: Path, sig: signal.Sig
         masks = " ".join(line.replace("\t", "") for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
     except OSError as exc:
         masks = f"(no status: {exc})"
+    handler = Path(str(proc.args[-1])).with_name("signal.handler")
+    if handler.exists():
+        masks += f", SIGTERM handler {handler.read_text()}"
     proc.send_signal(signal.SIGABRT)
     out, _ = proc.communicate(timeout=30)
     cli = Path(sys.executable).with_name("pytest-sky")
@@ -135,3 +140,29 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     assert records(home) == []
     assert our_links(home) == []
     assert live_nodes(data) == []
+
+
+def test_a_stop_that_a_finalizer_swallowed_still_stops_the_run(home: Path):
+    """The SIGTERM handler's KeyboardInterrupt can be raised inside a finalizer that swallows
+    it (paramiko's ``Channel.__del__``: a bare ``except:``); the wait for the run raises it
+    again, so the run stops at once instead of at its end.  Here the handler runs inside such
+    a swallow, from the run's own output callback."""
+    import pytest_sky
+    from pytest_sky import interrupts
+
+    def on_line(line: str) -> None:
+        if line.endswith("started"):
+            try:
+                interrupts.request(signal.SIGTERM)
+            except KeyboardInterrupt:
+                pass  # what the finalizer did with it
+
+    cluster = pytest_sky.launch(num_nodes=2, name=f"intr-swallow-{os.getpid() % 10000}")
+    try:
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            cluster.run("echo started; sleep 60", on_line=on_line)
+        assert time.monotonic() - start < 10
+        assert cluster.run("true").ok  # seen once, raised once: the next run is not stopped
+    finally:
+        cluster.down()
