@@ -12,6 +12,8 @@ it has been seen (:func:`seen`).
 
 from __future__ import annotations
 
+from typing import Any
+
 _pending: list[int] = []
 
 
@@ -32,3 +34,24 @@ def check() -> None:
 def seen() -> None:
     """The stop reached code that handles it: nothing is left to raise again."""
     _pending.clear()
+
+
+def reportable(excinfo: Any) -> None:
+    """Drop from a pytest ``ExceptionInfo`` the traceback entries that have no line number.
+
+    A signal's handler runs wherever the main thread is; a frame stopped at an instruction
+    with no source line gets a traceback entry without a line number, and pytest's own report
+    of the interrupt failed on it with a TypeError (``None - 1``): pytest exited 1, not 2,
+    and showed neither the interrupt nor where it was (once, in a fresh-clone CI run)."""
+    entries = list(excinfo.traceback)
+    located = [entry for entry in entries if _has_line(entry)]
+    if len(located) < len(entries):
+        excinfo.traceback = type(excinfo.traceback)(located)
+
+
+def _has_line(entry: Any) -> bool:
+    try:
+        entry.lineno  # noqa: B018 - reading it is what fails
+    except TypeError:
+        return False
+    return True

@@ -93,10 +93,13 @@ def _terminate(signum: int, frame: object) -> None:
     interrupts.request(signum)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """The stop was seen, and pytest's report of it must not fail (``interrupts.reportable``)."""
     from pytest_sky import interrupts
 
     interrupts.seen()
+    interrupts.reportable(excinfo)
 
 
 def pytest_configure(config: pytest.Config) -> None:
