@@ -38,7 +38,7 @@ a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky`
 0. product, config, selectors, faults, images, rbac, tls: leaves, importing nothing of the emulator's
 1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
    bridge and addresses; the record a killed emulator leaves
-2. api, patches, validation, admission, events, nodes, dns, scheduling: what the API server
+2. api, patches, validation, admission, events, nodes, dns, scheduling, access_review: what the API server
    checks, admits and records, the Node objects, what the cluster's DNS answers, the scheduler's loop
 3. pods, podstatus, sandbox, podexec: one pod as the kubelet holds it (``pods.PodHost`` is the
    cluster it serves), its status, what its node is made of, the ways into it

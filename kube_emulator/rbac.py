@@ -270,9 +270,14 @@ class Authorizer:
         or none (authenticated, allowed nothing), as RBAC treats a user no binding names."""
         return next((s for s in self.subjects.values() if s.user == user), Subject(user))
 
+    @staticmethod
+    def allows(subject: Subject, req: Request) -> bool:
+        """Whether some grant of ``subject`` allows ``req`` (asked, not recorded)."""
+        return subject.grants is None or any(g.allows(req) for g in subject.grants)
+
     def authorize(self, subject: Subject, req: Request) -> None:
         """Raise :class:`Forbidden` unless some grant of ``subject`` allows ``req``."""
-        allowed = subject.grants is None or any(g.allows(req) for g in subject.grants)
+        allowed = self.allows(subject, req)
         self.decisions.append(Decision(req, allowed))
         if not allowed:
             raise Forbidden(req)

@@ -31,6 +31,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 import yaml
 from aiohttp import web
 
+from kube_emulator import access_review
 from kube_emulator.api import RESOURCES, ApiError
 from kube_emulator.cluster import Cluster
 from kube_emulator.config import KUBERNETES_VERSION, ClusterConfig
@@ -284,7 +286,14 @@ class EmulatorServer:
                     }
                 )
             if path == "/apis":
-                return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+                return json_response(access_review.group_list())
+            if path == f"/apis/{access_review.GROUP_VERSION}":
+                return json_response(access_review.resource_list())
+            if path == f"/apis/{access_review.GROUP_VERSION}/{access_review.RESOURCE}" and request.method == "POST":
+                raw = await request.read()
+                protobuf = request.content_type == "application/vnd.kubernetes.protobuf"
+                body = access_review.from_protobuf(raw) if protobuf else json.loads(raw or b"{}")
+                return json_response(access_review.review(self.authorizer, user, body), 201)
             if path == "/api/v1":
                 return json_response(_resource_list())
             if path.startswith("/emulator/"):

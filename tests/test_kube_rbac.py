@@ -351,6 +351,43 @@ def test_a_client_certificate_user_launches_runs_and_tears_down_under_the_shippe
     assert denied <= TOLERATED, denied
 
 
+def test_auth_can_i_answers_from_the_role_the_requests_are_checked_against(emu: Emulator) -> None:
+    """``kubectl auth can-i`` (a SelfSubjectAccessReview) tells a user what their credentials
+    may do before a launch fails half-way: the same Role, token or certificate alike."""
+    import shutil
+    import subprocess
+
+    from kubernetes import client, config
+
+    def can(context: str, verb: str, resource: str, subresource: str = "") -> bool:
+        api = client.AuthorizationV1Api(config.new_client_from_config(str(emu.kubeconfig_path), context=context))
+        attrs = client.V1ResourceAttributes(
+            namespace="default", verb=verb, resource=resource, subresource=subresource or None
+        )
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs))
+        return api.create_self_subject_access_review(review).status.allowed
+
+    since = len(emu.decisions())
+    for context in (ROLE_CONTEXT, ROLE_CERT_CONTEXT):
+        assert can(context, "create", "pods") and can(context, "delete", "services"), context
+        assert can(context, "create", "pods", "portforward") or can(context, "get", "pods", "portforward")
+        assert not can(context, "list", "nodes") and not can(context, "create", "configmaps"), context
+    assert emu.decisions()[since:] == []  # asking is not doing
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return  # the client's own review above is what kubectl sends
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    for args, answer in ((["create", "pods"], "yes"), (["list", "nodes"], "no")):
+        run = subprocess.run(
+            [kubectl, "--context", ROLE_CONTEXT, "auth", "can-i", *args, "-n", "default"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert run.stdout.strip() == answer, (args, run.stdout, run.stderr)
+
+
 def test_before_135_a_role_without_create_on_the_websockets_works(home: Path, emu134: Emulator) -> None:
     """What a Role written for 1.34 looks like; the same Role fails on 1.35 (the test above it)."""
     rules = [
