@@ -62,7 +62,7 @@ def leftovers(store_root: Path | None = None) -> list[str]:
         for record in store.records():
             if not record.keep and not owner_alive(record):
                 out.append(f"record {record.name} (owner pid {record.owner_pid} is gone)")
-        out += [f"files of a torn-down cluster {path} (its process is gone)" for path in store.stale_trash()]
+        out += [f"files {path} (the process that was deleting or using them is gone)" for path in store.stale_trash()]
     except OSError:
         pass
     return out

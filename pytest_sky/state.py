@@ -9,6 +9,7 @@ directory: pytest-xdist workers, the CLI and a reaping run may all touch records
 
 from __future__ import annotations
 
+import atexit
 import enum
 import itertools
 import json
@@ -236,8 +237,9 @@ class StateStore:
         return self.root / HISTORY / name / filename
 
     def stale_trash(self) -> list[Path]:
-        """Files of torn-down clusters that no live process is still deleting."""
-        return stale_trash(self.root / TRASH)
+        """Files of torn-down clusters that no live process is still deleting, and the files
+        of processes that died before they could delete their own (:func:`process_files`)."""
+        return stale_trash(self.root / TRASH) + stale_trash(self.root / PROCESS_FILES)
 
 
 #: ``FS_IOC_GETFLAGS`` / ``FS_IOC_SETFLAGS`` and ``FS_TOPDIR_FL`` (linux/fs.h): chattr's ``T``.
@@ -290,6 +292,8 @@ def _owner_alive(owner: str) -> bool:
 
 #: Where torn-down clusters' directories wait for deletion (see :meth:`StateStore.forget`).
 TRASH = "trash"
+#: Files a process keeps for its own use while it runs (see :func:`process_files`).
+PROCESS_FILES = "process-files"
 HISTORY = "history"
 HISTORY_KEPT = 100
 _SEQUENCE = itertools.count()
@@ -354,3 +358,23 @@ def drain_removals() -> float:
     seconds spent deleting so far (in the background: no teardown waited for them)."""
     _REMOVER.drain()
     return _REMOVER.seconds
+
+
+def process_files(root: Path | None = None) -> Path:
+    """A directory of this process's own under the state directory, deleted when it exits.
+
+    For files a library must have on disk for as long as the process runs: the kubernetes
+    client writes a kubeconfig's inline CA, client certificate and key to files (``ssl``
+    reads only files) and deletes them at exit.  Under ``/tmp`` a killed process left them
+    there for good, fifty in one test suite run; here the directory is named after its owner
+    (``<pid>.<start time>``), so a reaper takes it once that process is gone."""
+    pid = os.getpid()
+    path = (root or home()) / PROCESS_FILES / f"{pid}.{procs.start_time(pid)}"
+    if path not in _PROCESS_FILES:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _PROCESS_FILES.add(path)
+        atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+_PROCESS_FILES: set[Path] = set()

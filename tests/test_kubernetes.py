@@ -81,6 +81,13 @@ def test_the_api_server_speaks_https_only_and_a_wrong_ca_fails_the_launch_in_one
     assert line.startswith("pytest-sky: error: cannot verify the API server of kube context 'kube-emulator'"), line
     assert "certificate-authority-data" in line and "self-signed certificate" in line, line
     assert ours(emu, "k8s-wrong-ca") == []
+    # The client keeps the CA in a file (ssl reads files): in this process's own directory,
+    # which goes when it exits or is reaped after it is killed, never loose in /tmp.
+    from pytest_sky import state
+
+    api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+    ca_file = Path(api.api_client.configuration.ssl_ca_cert)
+    assert ca_file.parent == state.process_files() and ca_file.read_bytes().startswith(b"-----BEGIN CERTIFICATE")
 
 
 def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):

@@ -241,7 +241,7 @@ def test_a_process_leaves_no_files_of_its_torn_down_clusters_when_it_exits(tmp_p
     (stale / "nodes" / "0").mkdir(parents=True)
     from pytest_sky.doctor import leftovers
 
-    assert f"files of a torn-down cluster {stale} (its process is gone)" in leftovers(home)
+    assert f"files {stale} (the process that was deleting or using them is gone)" in leftovers(home)
     pytest_sky.reap_orphans(StateStore(home))
     assert not stale.exists()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pytest_sky.resources import Resources
 from pytest_sky.state import ClusterRecord, ClusterResources, ClusterStatus
@@ -43,3 +44,38 @@ def test_an_older_record_loads_and_unknown_keys_are_ignored() -> None:
     assert record.status is ClusterStatus.PROVISIONING
     assert record.resources == ClusterResources()
     assert f"{record.status}" == "PROVISIONING"
+
+
+def test_a_process_files_go_when_it_exits_and_a_killed_ones_are_reaped(tmp_path: Path) -> None:
+    """The kubernetes client writes a kubeconfig's inline certificates and keys to files;
+    under ``/tmp`` a killed process left them for good.  Here they are its own directory,
+    gone at a normal exit and reaped once its process is killed."""
+    import signal
+    import subprocess
+    import sys
+
+    from pytest_sky.lifecycle import reap
+    from pytest_sky.state import PROCESS_FILES, StateStore
+
+    root = tmp_path / "state"
+    script = (
+        "import sys, pathlib\n"
+        "from pytest_sky.state import process_files\n"
+        f"d = process_files(pathlib.Path({str(root)!r}))\n"
+        "(d / 'ca.pem').write_text('x')\n"
+        "print(d, flush=True)\n"
+        "if sys.argv[1] == 'wait': sys.stdin.read()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, "exit"], capture_output=True, text=True, check=True)
+    assert not Path(done.stdout.strip()).exists()  # gone at exit
+    killed = subprocess.Popen(
+        [sys.executable, "-c", script, "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    left = Path(killed.stdout.readline().strip())
+    assert (left / "ca.pem").exists() and left.parent == root / PROCESS_FILES
+    assert left not in StateStore(root).stale_trash()  # its owner lives
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert left in StateStore(root).stale_trash()  # what `pytest-sky doctor` reports
+    reap(StateStore(root))
+    assert not left.exists()

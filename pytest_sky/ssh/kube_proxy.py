@@ -158,12 +158,19 @@ def load_kube_config(cfg: Any, kubeconfig: str | None, context: str | None) -> N
     from kubernetes import config
     from kubernetes.config import kube_config
 
+    from pytest_sky import state
+
     path = (kubeconfig or os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION)).split(os.pathsep)[0]
     with _exec_lock:  # the loader calls the module's ExecProvider: ours while this one loads
         real = kube_config.ExecProvider
         kube_config.ExecProvider = _CachedCredential(path, context).provider(real)
         try:
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+            config.load_kube_config(
+                config_file=kubeconfig,
+                context=context,
+                client_configuration=cfg,
+                temp_file_path=str(state.process_files()),  # inline certificates: never left in /tmp
+            )
         finally:
             kube_config.ExecProvider = real
 
