@@ -15,7 +15,9 @@ may do anything (and only it reaches the admin endpoints and fault injection); `
 the ServiceAccount ``pytest-sky`` bound to the Role of ``examples/kubernetes/rbac.yaml`` (or
 ``--role FILE``) in its namespace; ``readonly`` holds a ClusterRole of get/list/watch on
 every resource (subresources included, as ``*`` grants on a real cluster); ``nobody`` is
-authenticated but may do nothing beyond discovery; any other token gets 401.  The verb of
+authenticated but may do nothing beyond discovery; any other token gets 401.  Without a
+token, a client certificate the emulator's CA issued is the user its common name names (the
+``kube-emulator-role-cert`` context: the Role's user).  The verb of
 an exec or port-forward websocket depends on ``kube_version`` (see the rbac module).
 
 :class:`EmulatorServer` is the async core (used by ``python -m kube_emulator``);
@@ -292,7 +294,7 @@ class EmulatorServer:
             if path == f"/apis/{access_review.GROUP_VERSION}/{access_review.RESOURCE}" and request.method == "POST":
                 raw = await request.read()
                 protobuf = request.content_type == "application/vnd.kubernetes.protobuf"
-                body = access_review.from_protobuf(raw) if protobuf else json.loads(raw or b"{}")
+                body = access_review.from_protobuf(raw) if protobuf else _json_body(raw)
                 return json_response(access_review.review(self.authorizer, user, body), 201)
             if path == "/api/v1":
                 return json_response(_resource_list())
@@ -351,6 +353,13 @@ class EmulatorServer:
         if path == "/emulator/info" and request.method == "GET":
             return json_response(self.info())
         raise ApiError(404, "NotFound", f"no admin endpoint {request.method} {path}")
+
+
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"the body is not JSON: {exc}") from None
 
 
 def _version(version: str) -> dict[str, str]:

@@ -367,14 +367,19 @@ def process_files(root: Path | None = None) -> Path:
     client writes a kubeconfig's inline CA, client certificate and key to files (``ssl``
     reads only files) and deletes them at exit.  Under ``/tmp`` a killed process left them
     there for good, fifty in one test suite run; here the directory is named after its owner
-    (``<pid>.<start time>``), so a reaper takes it once that process is gone."""
+    (``<pid>.<start time>``), so a reaper takes it once that process is gone.
+
+    One per process, under the state directory of its first call: the client remembers the
+    files it wrote by their content for the life of the process, whatever state directory
+    is current later (the tests change it from test to test)."""
     pid = os.getpid()
-    path = (root or home()) / PROCESS_FILES / f"{pid}.{procs.start_time(pid)}"
-    if path not in _PROCESS_FILES:
+    path = _PROCESS_FILES.get(pid)
+    if path is None:
+        path = (root or home()) / PROCESS_FILES / f"{pid}.{procs.start_time(pid)}"
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _PROCESS_FILES.add(path)
+        _PROCESS_FILES[pid] = path
         atexit.register(shutil.rmtree, path, True)
     return path
 
 
-_PROCESS_FILES: set[Path] = set()
+_PROCESS_FILES: dict[int, Path] = {}

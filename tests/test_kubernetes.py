@@ -87,7 +87,8 @@ def test_the_api_server_speaks_https_only_and_a_wrong_ca_fails_the_launch_in_one
 
     api = KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
     ca_file = Path(api.api_client.configuration.ssl_ca_cert)
-    assert ca_file.parent == state.process_files() and ca_file.read_bytes().startswith(b"-----BEGIN CERTIFICATE")
+    assert ca_file.parent == state.process_files(), ca_file
+    assert ca_file.parent.parent.name == state.PROCESS_FILES and ca_file.read_bytes().startswith(b"-----BEGIN CERT")
 
 
 def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
