@@ -47,15 +47,8 @@ def make_ca(common_name: str = "kube-emulator-ca"):  # -> (private key, certific
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
+        _builder(_name(common_name), _name(common_name), key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
@@ -64,6 +57,22 @@ def make_ca(common_name: str = "kube-emulator-ca"):  # -> (private key, certific
         .sign(key, hashes.SHA256())
     )
     return key, cert
+
+
+def _builder(subject, issuer, public_key):  # cryptography's types, imported lazily
+    """A certificate of ``subject``'s key, signed by ``issuer``, valid from now for :data:`VALIDITY`."""
+    from cryptography import x509
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+    )
 
 
 @dataclass(frozen=True)
@@ -113,15 +122,8 @@ class CertificateAuthority:
         from cryptography.hazmat.primitives.asymmetric import ec
 
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
+            _builder(subject, self.cert.subject, key.public_key())
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)

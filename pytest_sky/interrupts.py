@@ -20,7 +20,7 @@ _pending: list[int] = []
 def request(signum: int) -> None:
     """Stop the main thread, as Ctrl-C does (a signal handler's whole job)."""
     _pending.append(signum)
-    raise KeyboardInterrupt(f"pytest-sky: signal {signum}: tearing clusters down")
+    raise _stop(signum)
 
 
 def check() -> None:
@@ -28,7 +28,11 @@ def check() -> None:
     if _pending:
         signum = _pending[-1]
         _pending.clear()
-        raise KeyboardInterrupt(f"pytest-sky: signal {signum}: tearing clusters down")
+        raise _stop(signum)
+
+
+def _stop(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt(f"pytest-sky: signal {signum}: tearing clusters down")
 
 
 def seen() -> None:

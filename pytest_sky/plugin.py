@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_sky import interrupts  # tiny; a signal handler is no place for an import
+
 if TYPE_CHECKING:
     from pytest_sky.cluster import Cluster
     from pytest_sky.settings import Settings
@@ -88,16 +90,12 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 def _terminate(signum: int, frame: object) -> None:
     """SIGTERM (CI timeouts, `kill`) becomes what Ctrl-C is: pytest stops and tears down."""
-    from pytest_sky import interrupts
-
     interrupts.request(signum)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     """The stop was seen, and pytest's report of it must not fail (``interrupts.reportable``)."""
-    from pytest_sky import interrupts
-
     interrupts.seen()
     interrupts.reportable(excinfo)
 

@@ -185,16 +185,23 @@ def bridge_owned_by(owner: str) -> str | None:
 
 def delete_links(ip: str, names: Sequence[str]) -> None:
     """Delete links that exist; a link already gone is fine (teardown is idempotent)."""
-    _delete_owned(ip, {n: link_alias(n) for n in names if link_exists(n)})
+    _delete_owned(ip, _owners(names))
 
 
-def _still_owned(name: str, owner: str | None) -> bool:
-    """``name`` is still the link whose alias was ``owner``: the moment a bridge is gone its
-    name is free, and another cluster's launch may make a link of that name at once."""
-    return link_exists(name) and link_alias(name) == owner
+def _owners(names: Sequence[str]) -> dict[str, str]:
+    """The links of ``names`` that exist, each with its alias (read once: gone reads None)."""
+    aliases = {n: link_alias(n) for n in names}
+    return {n: alias for n, alias in aliases.items() if alias is not None}
 
 
-def _delete_owned(ip: str, owners: dict[str, str | None]) -> None:
+def _still_owned(name: str, owner: str) -> bool:
+    """``name`` is still the link whose alias was ``owner`` (a link that is gone has none):
+    the moment a bridge is gone its name is free, and another cluster's launch may make a
+    link of that name at once."""
+    return link_alias(name) == owner
+
+
+def _delete_owned(ip: str, owners: dict[str, str]) -> None:
     """Delete these links (name: the owner they had when seen).  One still there afterwards
     is an error that names it: a teardown never reports success over a leak."""
     if not owners:
@@ -250,7 +257,7 @@ def delete_cluster_links(ip: str, bridge: str, names: Sequence[str] = ()) -> Non
     """
     # Who owns each link, read before the group goes: once it has, the bridge's name is free,
     # and another launch may make links of the very same names at once, which are not ours.
-    owners = {n: link_alias(n) for n in [*names, bridge] if link_exists(n)}
+    owners = _owners([*names, bridge])
     group = link_group(bridge)
     if group is not None and bridge in owners and _group_is_ours(bridge, group):
         ip_batch(ip, [f"link del group {group}"], force=True)
