@@ -141,3 +141,53 @@ def test_a_process_that_keeps_forking_is_stopped_with_all_it_started(cluster):
     res = cluster.run(spawner + "until [ \"$(pgrep -f 'sleep 1005' | wc -l)\" -ge 20 ]; do sleep 0.02; done; true")
     assert res.returncode == 0, res.output
     assert left_on_nodes(cluster) == ["0", "0"]
+
+
+# The rank supervisor above this shell, and how many of its children are forks of it (its
+# lifeline's reader, psky-rank by its arguments); the check runs in between, as a child.
+_SUPERVISOR_FORKS = r"""
+sup=$$
+is_rank() { tr '\0' '\n' <"/proc/$1/cmdline" | grep -qx psky-rank; }
+until is_rank "$sup"; do sup=$(awk '/^PPid:/ {print $2}' "/proc/$sup/status"); done
+forks() { for c in $(pgrep -P "$sup"); do is_rank "$c" && echo "$c"; done | wc -l; }
+echo "before $(forks)"
+bash -c "$CHECK" || echo "check failed: $?"
+echo "after $(forks)"
+"""
+
+
+def test_the_leftover_check_spares_its_own_supervisor(cluster):
+    """Between two tests that share a cluster the check kills every other rank supervisor;
+    it killed the reader of its own supervisor's lifeline too (a fork of the supervisor,
+    with its arguments), so a check that hung could not be stopped by the head."""
+    import shlex
+
+    from pytest_sky.cluster import LEFTOVER_CHECK
+
+    res = cluster.run(f"CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_SUPERVISOR_FORKS}")
+    assert res.returncode == 0, res.output
+    assert [r.stdout.split() for r in res.ranks] == [["before", "1", "after", "1"]] * 2, res.output
+
+
+# An "agent" (by its arguments) running the check, with a child that still has the agent's
+# arguments: what a rank the agent is starting looks like until it has exec'd.
+_AGENT_STARTING_A_RANK = r"""
+bash -c '(exec -a x/agent.pyz sleep 300) & rank=$!
+until tr "\0" "\n" <"/proc/$rank/cmdline" | grep -qx x/agent.pyz; do sleep 0.01; done
+bash -c "$CHECK" || echo "check failed: $?"
+if kill "$rank" 2>/dev/null; then echo spared; else echo killed; fi' x/agent.pyz
+"""
+
+
+def test_the_leftover_check_spares_a_rank_its_agent_is_starting(cluster):
+    """The first run on a cluster is the check when its first test ran nothing; the head's
+    agent then starts the workers' ranks over ssh while the head's rank already checks, and
+    an ssh client not yet exec'd (the agent's fork, with its arguments) was killed: "run
+    failed on rank 1 with exit code 137", and the shared cluster was replaced."""
+    import shlex
+
+    from pytest_sky.cluster import LEFTOVER_CHECK
+
+    res = cluster.run(f"export CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_AGENT_STARTING_A_RANK}")
+    assert res.returncode == 0, res.output
+    assert [r.stdout for r in res.ranks] == ["spared\n"] * 2, res.output

@@ -57,16 +57,26 @@ if TYPE_CHECKING:
 
 
 def start_in_background(run: Runner) -> None:
-    """Fork a server off this process, which has the interpreter loaded already; returns at
-    once.  Where one runs already, the new one finds the port taken and leaves."""
+    """Fork a server off this process, which has the interpreter loaded already.  Where one
+    runs already, the new one finds the port taken and leaves.
+
+    Returns once the server has written its pid file, or left: until then the leftover
+    check, run at once by the same run's rank (or by the next task on a worker, right after
+    ``serve``), could not tell the server from a job's agent process and would kill it."""
+    ready, told = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(told)
         os.waitpid(pid, 0)
+        while os.read(ready, 64):  # end of file: the server closed its end, or is gone
+            pass
+        os.close(ready)
         return
     try:
+        os.close(ready)
         os.setsid()
         if os.fork() == 0:
-            _serve(run)
+            _serve(run, told)
     finally:
         os._exit(0)
 
@@ -85,8 +95,9 @@ def _detach() -> None:
     os.chdir(os.path.expanduser("~"))
 
 
-def _serve(run: Runner) -> None:
-    """Bind, then fork a child for every connection, for as long as the node lives."""
+def _serve(run: Runner, told: int) -> None:
+    """Bind, then fork a child for every connection, for as long as the node lives; ``told``
+    is closed once the pid file is written (the starter waits for that)."""
     door = secret()
     if door is None:
         return
@@ -102,6 +113,7 @@ def _serve(run: Runner) -> None:
     with open(pid_file + ".tmp", "w") as f:
         f.write(f"{os.getpid()}\n")
     os.replace(pid_file + ".tmp", pid_file)
+    os.close(told)
     _preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -5,20 +5,30 @@
 #
 # "Of a job" is the account the rank supervisor keeps (rank_supervisor.sh): a process
 # carrying a job's PSKY_JOB_SCOPE token, a process in a psky-job-* cgroup, a rank
-# supervisor (psky-rank) or an agent process (agent.pyz), the check's own (its token, its
-# cgroup, its ancestors) aside.  sshd, the node's agent server and the head's SSH masters
-# to the workers are the cluster's own and stay.
+# supervisor (psky-rank) or an agent process (agent.pyz).  The check's own stay: its token,
+# its cgroup, its ancestors, and the children of the two ancestors that run it, its rank
+# supervisor (the reader of its lifeline is a fork of it) and the agent of this run (a
+# rank it is starting is a fork of it until it execs, with the agent's arguments).  sshd,
+# the node's agent server and the head's SSH masters to the workers are the cluster's own
+# and stay; the server's forks for other runs do not.
 #
 # The names shared with Python are pytest_sky.shell's constants; tests/test_shell.py checks
 # the spelling here.
 me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r=''
 while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
-mine=" " p=$$
-while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:\s*//p' "/proc/$p/status" 2>/dev/null); done
-# The node's agent server is the cluster's own, as sshd is (its forks for other runs are not).
 server=''
 [ ! -r ~/.sky/agent.pid ] || read -r server <~/.sky/agent.pid
-mine="$mine$server "
+mine=" $server " kin=" " sup='' run='' p=$$
+while [ -n "$p" ] && [ "$p" != 0 ]; do
+  mine="$mine$p "
+  while IFS= read -r -d '' a; do
+    case $a in
+      psky-rank) [ -n "$sup" ] || { sup=$p; kin="$kin$p "; }; break ;;
+      *agent.pyz) [ -n "$run" ] || { run=$p; [ "$p" = "$server" ] || kin="$kin$p "; }; break ;;
+    esac
+  done 2>/dev/null <"/proc/$p/cmdline"
+  p=$(sed -n 's/^PPid:\s*//p' "/proc/$p/status" 2>/dev/null)
+done
 leftovers() {
   pids='' groups=''
   for d in /proc/[0-9]*; do
@@ -30,6 +40,10 @@ leftovers() {
     while IFS= read -r -d '' a; do
       case $a in psky-rank | *agent.pyz) hit=1; break ;; esac
     done 2>/dev/null <"$d/cmdline"
+    if [ -n "$hit" ]; then
+      pp=-; while read -r k v; do [ "$k" = PPid: ] && { pp=$v; break; }; done 2>/dev/null <"$d/status"
+      case "$kin" in *" $pp "*) hit= ;; esac
+    fi
     [ -z "$hit" ] || pids="$pids $p"
   done
   [ -n "$r" ] || return 0
