@@ -1,7 +1,8 @@
 """A Kubernetes API emulator for testing the kubernetes backend without a cluster.
 
 It speaks the subset of the REST API the backend uses (pods, secrets, services, nodes,
-events, namespaces; get/list/watch/create/delete with selectors; exec; port-forward; logs)
+events, namespaces; get/list/watch/create/delete with selectors; exec; port-forward; logs),
+and what a user runs kubectl for while debugging (Roles and bindings, Tables, OpenAPI),
 to the official client through a generated kubeconfig, and runs every pod as a namespace
 node of the local backend.  Layout:
 
@@ -22,8 +23,12 @@ node of the local backend.  Layout:
 - ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).
 - ``images.py``: images as views of this machine's tree with named paths absent.
 - ``store.py``: objects, resourceVersions and watch fan-out.
-- ``rbac.py``: Role-shaped rules per token, matched as the real RBAC authorizer matches
-  them, with the exec/port-forward websocket verbs of the chosen Kubernetes version.
+- ``rbac.py``: Role-shaped rules, matched as the real RBAC authorizer matches them, with the
+  exec/port-forward websocket verbs of the chosen Kubernetes version; ``rbac_objects.py``: the
+  Roles and bindings a user applies, and what they grant whom.
+- ``discovery.py``, ``openapi.py``, ``tables.py``: what kubectl reads before and after a
+  request (the resource lists, the OpenAPI v3 documents ``apply`` validates with, the
+  columns ``get`` prints).
 - ``selectors.py``, ``faults.py``, ``config.py``: label/field selectors; injected faults;
   the cluster's shape.
 
@@ -38,8 +43,10 @@ a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky`
 0. product, config, selectors, faults, images, rbac, tls: leaves, importing nothing of the emulator's
 1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
    bridge and addresses; the record a killed emulator leaves
-2. api, patches, validation, admission, events, nodes, dns, scheduling, access_review: what the API server
-   checks, admits and records, the Node objects, what the cluster's DNS answers, the scheduler's loop
+2. api, patches, validation, admission, events, nodes, dns, scheduling, access_review, rbac_objects,
+   discovery, openapi, tables: what the API server checks, admits and records, the Node objects,
+   what the cluster's DNS answers, the scheduler's loop, the grants of the RBAC objects, what
+   discovery and OpenAPI describe, the Tables ``kubectl get`` prints
 3. pods, podstatus, sandbox, podexec: one pod as the kubelet holds it (``pods.PodHost`` is the
    cluster it serves), its status, what its node is made of, the ways into it
 4. kubelet: pods as nodes, below the cluster it serves

@@ -23,16 +23,6 @@ GROUP_VERSION = f"{GROUP}/v1"
 RESOURCE = "selfsubjectaccessreviews"
 
 
-def group_list() -> dict[str, Any]:
-    """``/apis``: the API groups beyond the core one."""
-    version = {"groupVersion": GROUP_VERSION, "version": "v1"}
-    return {
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [{"name": GROUP, "versions": [version], "preferredVersion": version}],
-    }
-
-
 def resource_list() -> dict[str, Any]:
     """``/apis/authorization.k8s.io/v1``."""
     entry = {

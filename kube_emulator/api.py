@@ -24,8 +24,14 @@ class ResourceInfo:
     verbs: tuple[str, ...]
     short_names: tuple[str, ...] = ()
     fields: tuple[str, ...] = ()
+    group: str = ""  # the API group ("": the core group, under /api/v1)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/v1" if self.group else "v1"
 
 
+RBAC_GROUP = "rbac.authorization.k8s.io"
 _RW = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 RESOURCES: dict[str, ResourceInfo] = {
     "pods": ResourceInfo(
@@ -74,7 +80,16 @@ RESOURCES: dict[str, ResourceInfo] = {
     "namespaces": ResourceInfo(
         "namespaces", "Namespace", False, ("create", "delete", "get", "list", "watch"), ("ns",), ("status.phase",)
     ),
+    "serviceaccounts": ResourceInfo("serviceaccounts", "ServiceAccount", True, _RW, ("sa",)),
+    # Who may do what: objects a user applies (``kubectl apply -f examples/kubernetes/rbac.yaml``)
+    # and the authorizer enforces (rbac_objects.py).
+    "roles": ResourceInfo("roles", "Role", True, _RW, group=RBAC_GROUP),
+    "rolebindings": ResourceInfo("rolebindings", "RoleBinding", True, _RW, group=RBAC_GROUP),
+    "clusterroles": ResourceInfo("clusterroles", "ClusterRole", False, _RW, group=RBAC_GROUP),
+    "clusterrolebindings": ResourceInfo("clusterrolebindings", "ClusterRoleBinding", False, _RW, group=RBAC_GROUP),
 }
+#: The API groups beyond the core one whose resources are in :data:`RESOURCES`.
+GROUPS = (RBAC_GROUP,)
 
 
 def field_allowed(resource: str) -> Any:

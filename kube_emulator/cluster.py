@@ -17,7 +17,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from kube_emulator import admission, scheduler, store, validation
+from kube_emulator import admission, rbac_objects, scheduler, store, validation
 from kube_emulator.api import RESOURCES, ApiError, already_exists, check_preconditions, invalid, not_found
 from kube_emulator.config import ClusterConfig
 from kube_emulator.dns import DnsServer
@@ -155,7 +155,7 @@ class Cluster:
             meta.pop(key, None)
         if resource != "events":
             obj.pop("status", None)
-        obj["kind"], obj["apiVersion"] = info.kind, "v1"
+        obj["kind"], obj["apiVersion"] = info.kind, info.api_version
         if resource == "namespaces":
             errors = validation.dns_errors(meta["name"], "metadata.name", "label")
             errors += validation.label_errors(meta.get("labels"), "metadata.labels")
@@ -189,6 +189,8 @@ class Cluster:
             validation.prepare_claim(obj)
         elif resource == "limitranges":
             admission.default_limit_range(obj)
+        elif resource in rbac_objects.KINDS:
+            rbac_objects.prepare(resource, obj)
         elif resource == "resourcequotas":
             hard = dict((obj.get("spec") or {}).get("hard") or {})
             used = admission.quota_used(obj, self.store.items("pods", obj["metadata"]["namespace"]))
@@ -248,7 +250,7 @@ class Cluster:
             item.pop("apiVersion", None)
         return {
             "kind": f"{info.kind}List",
-            "apiVersion": "v1",
+            "apiVersion": info.api_version,
             "metadata": {"resourceVersion": str(self.store.rv)},
             "items": deleted,
         }
@@ -293,7 +295,7 @@ class Cluster:
         errors = validation.label_errors(meta.get("labels"), "metadata.labels")
         if errors:
             raise invalid(info.kind, meta["name"], errors)
-        new["kind"], new["apiVersion"] = info.kind, "v1"
+        new["kind"], new["apiVersion"] = info.kind, info.api_version
         if resource in ("pods", "nodes", "namespaces"):
             new["status"] = current.get("status")
         if resource == "pods" and new.get("spec") != current.get("spec"):
@@ -312,6 +314,8 @@ class Cluster:
             )
         if resource == "secrets":
             validation.prepare_secret(new)
+        if resource in rbac_objects.KINDS:
+            rbac_objects.prepare(resource, new, current)
         if resource == "services":
             spec = new.setdefault("spec", {})
             old_ip = (current.get("spec") or {}).get("clusterIP")

@@ -41,6 +41,8 @@ def node_object(config: ClusterConfig, i: int, subnet: str, host_ip: str) -> Obj
         if config.gpu_taint:
             taints.append(dict(GPU_TAINT))
     return {
+        "kind": "Node",
+        "apiVersion": "v1",
         "metadata": {"name": name, "labels": labels, "annotations": {}},
         "spec": {
             "podCIDR": subnet,

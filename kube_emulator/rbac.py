@@ -1,8 +1,11 @@
-"""RBAC for the emulator: Role-shaped rules per token, matched as the real RBAC authorizer does.
+"""RBAC for the emulator: Role-shaped rules, matched as the real RBAC authorizer does.
 
-A token is bound to grants: the rules of a ``Role`` (they apply only inside that Role's
-namespace, never to cluster-scoped resources such as nodes or namespaces) or of a
-``ClusterRole`` (everywhere).  A request is allowed when any rule of any grant matches its
+A user's grants are the rules of the ``Role`` and ``ClusterRole`` objects that bindings name
+them in (``rbac_objects.py`` reads those from the cluster on every request; a few fixed
+tokens, the admin's and the read-only one, hold grants of their own).  A Role's rules apply
+only inside its namespace, never to cluster-scoped resources such as nodes or namespaces; a
+ClusterRole's, bound by a ClusterRoleBinding, everywhere.  A request is allowed when any
+rule of any grant matches its
 verb, API group, resource (``pods`` or ``pods/exec``: ``*`` matches everything,
 ``*/exec`` any resource's ``exec``) and name (an empty ``resourceNames`` matches any name;
 a non-empty one never matches a request without a name, such as ``create`` or ``list``).
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,18 +195,18 @@ def connect_verbs(method: str, kube_version: str) -> tuple[str, ...]:
     return ("get",)
 
 
-def _rule(doc: dict[str, Any], where: str) -> PolicyRule:
+def rule_from(doc: dict[str, Any]) -> PolicyRule:
+    """One rule of a Role document; a ValueError saying what is wrong when it is malformed."""
+
     def strings(key: str) -> tuple[str, ...]:
         value = doc.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{where}: {key} must be a list of strings")
+            raise ValueError(f"{key} must be a list of strings")
         return tuple(value)
 
-    if doc.get("nonResourceURLs"):
-        raise ValueError(f"{where}: nonResourceURLs are not served by the emulator")
     verbs = strings("verbs")
     if not verbs:
-        raise ValueError(f"{where}: verbs must not be empty")
+        raise ValueError("verbs must not be empty")
     return PolicyRule(
         verbs=verbs,
         api_groups=strings("apiGroups"),
@@ -212,40 +215,37 @@ def _rule(doc: dict[str, Any], where: str) -> PolicyRule:
     )
 
 
-def load_grants(text: str, source: str = "<role>", default_namespace: str = "default") -> tuple[Grant, ...]:
-    """The Role and ClusterRole documents of a (multi-document) YAML, as grants.
+#: The kinds a role file may hold, and the resource each is stored as.
+ROLE_FILE_KINDS = {
+    "Role": "roles",
+    "ClusterRole": "clusterroles",
+    "RoleBinding": "rolebindings",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "ServiceAccount": "serviceaccounts",
+}
 
-    Other kinds (RoleBinding, ServiceAccount) are skipped: in the emulator the binding is the
-    token.  A Role without ``metadata.namespace`` lands in ``default_namespace``, as
-    ``kubectl apply -n`` would put it."""
-    grants = []
+
+def role_documents(text: str, source: str) -> list[dict[str, Any]]:
+    """The documents of a role file (``--role``, ``Emulator.set_role``): what ``kubectl apply
+    -f`` of it would create; a ValueError naming ``source`` when it holds no Role."""
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ValueError(f"{source}: not YAML: {str(exc).splitlines()[0]}") from None
     for i, doc in enumerate(docs):
-        if not isinstance(doc, dict) or doc.get("kind") not in ("Role", "ClusterRole"):
-            continue
-        where = f"{source}: document {i + 1} ({doc['kind']})"
-        rules = doc.get("rules") or []
-        if not isinstance(rules, list):
-            raise ValueError(f"{where}: rules must be a list")
-        parsed = tuple(_rule(r, f"{where} rule {j + 1}") for j, r in enumerate(rules) if isinstance(r, dict))
-        namespace = None
-        if doc["kind"] == "Role":
-            namespace = ((doc.get("metadata") or {}).get("namespace")) or default_namespace
-        grants.append(Grant(parsed, namespace))
-    if not grants:
+        if not isinstance(doc, dict) or doc.get("kind") not in ROLE_FILE_KINDS:
+            kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"{source}: document {i + 1} is a {kind}; expected one of {', '.join(ROLE_FILE_KINDS)}")
+    if not any(d["kind"] in ("Role", "ClusterRole") for d in docs):
         raise ValueError(f"{source}: no Role or ClusterRole in it")
-    return tuple(grants)
+    return docs
 
 
-def load_grants_file(path: Path | str, default_namespace: str = "default") -> tuple[Grant, ...]:
+def read_role_file(path: Path | str) -> str:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise ValueError(f"--role {path}: {exc.strerror}") from None
-    return load_grants(text, str(path), default_namespace)
 
 
 @dataclass
@@ -255,6 +255,9 @@ class Authorizer:
     kube_version: str
     subjects: dict[str, Subject] = field(default_factory=dict)
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=100_000))
+    #: The grants the cluster's RoleBindings and ClusterRoleBindings give a user, looked up on
+    #: every request (so an applied or deleted binding counts at once, as on a real server).
+    bound: Callable[[str], Iterable[Grant]] = lambda user: ()
 
     def __post_init__(self) -> None:
         parse_version(self.kube_version)  # refuse a malformed version at start, not per request
@@ -270,10 +273,12 @@ class Authorizer:
         or none (authenticated, allowed nothing), as RBAC treats a user no binding names."""
         return next((s for s in self.subjects.values() if s.user == user), Subject(user))
 
-    @staticmethod
-    def allows(subject: Subject, req: Request) -> bool:
-        """Whether some grant of ``subject`` allows ``req`` (asked, not recorded)."""
-        return subject.grants is None or any(g.allows(req) for g in subject.grants)
+    def allows(self, subject: Subject, req: Request) -> bool:
+        """Whether some grant of ``subject``, its own or its bindings', allows ``req``
+        (asked, not recorded)."""
+        if subject.grants is None:
+            return True
+        return any(g.allows(req) for g in subject.grants) or any(g.allows(req) for g in self.bound(subject.user))
 
     def authorize(self, subject: Subject, req: Request) -> None:
         """Raise :class:`Forbidden` unless some grant of ``subject`` allows ``req``."""

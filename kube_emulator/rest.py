@@ -17,9 +17,10 @@ import yaml
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from kube_emulator import feeds
-from kube_emulator.api import RESOURCES, ApiError, field_allowed
+from kube_emulator import feeds, openapi, tables
+from kube_emulator.api import RESOURCES, ApiError, ResourceInfo, field_allowed
 from kube_emulator.cluster import Cluster
+from kube_emulator.discovery import POD_SUBRESOURCES
 from kube_emulator.rbac import Authorizer, Forbidden, Request, Subject, connect_verbs
 from kube_emulator.selectors import parse_field_selector, parse_label_selector
 from kube_emulator.streams import handle_exec, handle_portforward, query_flag
@@ -60,8 +61,9 @@ class Target:
     sub: str | None
 
 
-def _target(parts: list[str]) -> Target:
-    """``[namespaces, NS,] RESOURCE[, NAME[, SUB]]``, or a 404 as the API server answers."""
+def _target(parts: list[str], group: str) -> Target:
+    """``[namespaces, NS,] RESOURCE[, NAME[, SUB]]`` of API group ``group``, or a 404 as the
+    API server answers."""
     if len(parts) >= 3 and parts[0] == "namespaces":
         namespace: str | None = parts[1]
         resource, rest = parts[2], parts[3:]
@@ -69,13 +71,13 @@ def _target(parts: list[str]) -> Target:
         namespace, resource, rest = None, "namespaces", parts[1:]
     else:
         namespace, resource, rest = None, parts[0], parts[1:]
-    if resource not in RESOURCES or len(rest) > 2 or any(not p for p in rest):
+    if resource not in RESOURCES or RESOURCES[resource].group != group or len(rest) > 2 or any(not p for p in rest):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     if not RESOURCES[resource].namespaced and namespace is not None:
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     name = rest[0] if rest else None
     sub = rest[1] if len(rest) > 1 else None
-    if sub is not None and not (resource == "pods" and sub in ("exec", "portforward", "log", "status")):
+    if sub is not None and not (resource == "pods" and sub in POD_SUBRESOURCES):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     return Target(resource, namespace, name, sub)
 
@@ -93,7 +95,7 @@ def _verb(method: str, query: MultiDictProxy[str], target: Target) -> str | None
     return {"GET": "get", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method)
 
 
-def _paginate(kind: str, items: list[dict[str, Any]], rv: int, query: Any) -> dict[str, Any]:
+def _paginate(info: ResourceInfo, items: list[dict[str, Any]], rv: int, query: Any) -> dict[str, Any]:
     """``limit``/``continue`` chunking; the token carries the offset (the list is re-read,
     which a real server avoids with an etcd snapshot: good enough for tests)."""
     meta: dict[str, Any] = {"resourceVersion": str(rv)}
@@ -113,7 +115,7 @@ def _paginate(kind: str, items: list[dict[str, Any]], rv: int, query: Any) -> di
         state = {"start": end, "rv": meta["resourceVersion"]}
         meta["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
         meta["remainingItemCount"] = len(items) - end
-    return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items[start:end]}
+    return {"kind": f"{info.kind}List", "apiVersion": info.api_version, "metadata": meta, "items": items[start:end]}
 
 
 class ResourceApi:
@@ -135,11 +137,18 @@ class ResourceApi:
         name: str | None,
         sub: str | None,
     ) -> None:
-        requests = [Request(subject.user, v, resource, sub or "", namespace or "", name or "") for v in verbs]
+        group = RESOURCES[resource].group
+        requests = [Request(subject.user, v, resource, sub or "", namespace or "", name or "", group) for v in verbs]
         try:
             self.authorizer.authorize_all(subject, requests)
         except Forbidden as exc:
             raise ApiError(403, "Forbidden", str(exc), exc.details()) from None
+
+    @staticmethod
+    def _check_fields(request: web.Request, resource: str, body: Any) -> None:
+        """``?fieldValidation=Strict`` (what kubectl asks for once OpenAPI says it may)."""
+        if request.query.get("fieldValidation") == "Strict":
+            openapi.check_strict(resource, body)
 
     async def _body(self, request: web.Request) -> Any:
         if not request.can_read_body:
@@ -154,8 +163,11 @@ class ResourceApi:
         except (ValueError, yaml.YAMLError) as exc:
             raise ApiError(400, "BadRequest", f"the body of the request could not be decoded: {exc}") from None
 
-    async def handle(self, request: web.Request, user: Subject, parts: list[str]) -> web.StreamResponse:
-        target = _target(parts)
+    async def handle(
+        self, request: web.Request, user: Subject, parts: list[str], group: str = ""
+    ) -> web.StreamResponse:
+        """``/api/v1/PARTS`` (``group`` ""), or ``/apis/GROUP/v1/PARTS``."""
+        target = _target(parts, group)
         resource, namespace, name, sub = target.resource, target.namespace, target.name, target.sub
         info = RESOURCES[resource]
         method = request.method
@@ -172,7 +184,9 @@ class ResourceApi:
         if verb in ("list", "watch", "deletecollection"):
             return await self._collection(request, verb, target, options)
         if verb == "create" and name is None:
-            return json_response(self.cluster.create(resource, namespace or "", await self._body(request)), 201)
+            body = await self._body(request)
+            self._check_fields(request, resource, body)
+            return json_response(self.cluster.create(resource, namespace or "", body), 201)
         return await self._object(request, verb, target, options)
 
     async def _collection(
@@ -186,7 +200,10 @@ class ResourceApi:
         if verb == "deletecollection":
             return json_response(cluster.delete_collection(resource, namespace, labels, fields, options))
         items = [_strip_list_item(o) for o in cluster.list(resource, namespace, labels, fields)]
-        return json_response(_paginate(f"{RESOURCES[resource].kind}List", items, cluster.store.rv, query))
+        page = _paginate(RESOURCES[resource], items, cluster.store.rv, query)
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return json_response({**tables.table(resource, page["items"], ""), "metadata": page["metadata"]})
+        return json_response(page)
 
     async def _object(
         self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None
@@ -206,13 +223,19 @@ class ResourceApi:
         if sub == "log":
             return await feeds.log(request, cluster, ns, name)
         if verb == "get":
-            return json_response(cluster.get(resource, ns, name))
+            obj = cluster.get(resource, ns, name)
+            if tables.wants_table(request.headers.get("Accept", "")):
+                return json_response(tables.table(resource, [obj], obj["metadata"]["resourceVersion"]))
+            return json_response(obj)
         if verb == "delete":
             return json_response(cluster.delete(resource, ns, name, options or {}))
         if verb == "update":
-            return json_response(cluster.replace(resource, ns, name, await self._body(request)))
+            body = await self._body(request)
+            self._check_fields(request, resource, body)
+            return json_response(cluster.replace(resource, ns, name, body))
         if verb == "patch":
-            return json_response(
-                cluster.patch(resource, ns, name, await self._body(request), request.content_type or "")
-            )
+            body = await self._body(request)
+            if "json-patch" not in (request.content_type or ""):
+                self._check_fields(request, resource, body)
+            return json_response(cluster.patch(resource, ns, name, body, request.content_type or ""))
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")

@@ -45,8 +45,8 @@ from typing import Any, TypeVar
 import yaml
 from aiohttp import web
 
-from kube_emulator import access_review
-from kube_emulator.api import RESOURCES, ApiError
+from kube_emulator import access_review, discovery, openapi, rbac_objects
+from kube_emulator.api import ApiError
 from kube_emulator.cluster import Cluster
 from kube_emulator.config import KUBERNETES_VERSION, ClusterConfig
 from kube_emulator.faults import Faults
@@ -57,9 +57,9 @@ from kube_emulator.rbac import (
     Grant,
     PolicyRule,
     Subject,
-    load_grants,
-    load_grants_file,
     parse_version,
+    read_role_file,
+    role_documents,
 )
 from kube_emulator.rest import Deletion, ResourceApi, json_response
 from kube_emulator.selectors import SelectorError
@@ -123,7 +123,12 @@ class EmulatorServer:
         self.kube_version = self.config.kube_version
         self.authorizer = Authorizer(self.kube_version)
         self.authorizer.bind(self.token, "admin", None)
-        self.authorizer.bind(ROLE_TOKEN, ROLE_USER, load_grants_file(role or SHIPPED_ROLE))
+        self.authorizer.bind(ROLE_TOKEN, ROLE_USER, [])  # what the cluster's bindings give it
+        role_path = role or SHIPPED_ROLE
+        self._role = (read_role_file(role_path), str(role_path))
+        role_documents(*self._role)  # a bad file fails here, before anything starts
+        #: The objects the role file made, removed when another takes its place.
+        self._seeded: list[tuple[str, str, str]] = []
         self.authorizer.bind(READONLY_TOKEN, "system:serviceaccount:default:readonly", [Grant(READONLY_RULES)])
         self.authorizer.bind(NOBODY_TOKEN, "system:serviceaccount:default:nobody", [])
         if current_context not in CONTEXTS:
@@ -132,6 +137,7 @@ class EmulatorServer:
         self.cluster = Cluster(self.config, self.faults, self.instance_dir)
         self.cluster.kubelet.kubeconfig = str(self.kubeconfig_path)
         self.rest = ResourceApi(self.cluster, self.authorizer, self.kube_version)
+        self.authorizer.bound = lambda user: rbac_objects.grants_for(self.cluster.store, user)
         self._runner: web.AppRunner | None = None
         self._wrote_kubeconfig = False
         self.url = ""
@@ -147,6 +153,7 @@ class EmulatorServer:
         for path in reaped:
             log.warning("reaped the leftovers of a dead emulator: %s", path)
         await self.cluster.start()
+        self.seed_role(*self._role)
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -159,6 +166,24 @@ class EmulatorServer:
         self.port = sockets[0].getsockname()[1]
         self.url = f"https://{self.host}:{self.port}"
         self._write_kubeconfig()
+
+    def seed_role(self, text: str, source: str) -> None:
+        """Apply a role file (``--role``), as ``kubectl apply -n default -f`` would, in place
+        of the last one; a Role it binds to nobody is bound to the role context's user."""
+        objects = rbac_objects.role_objects(role_documents(text, source), "default", ROLE_USER)
+        for resource, namespace, name in self._seeded:
+            with contextlib.suppress(ApiError):
+                self.cluster.delete(resource, namespace, name)
+        self._seeded = []
+        for resource, namespace, body in objects:
+            name = body["metadata"]["name"]
+            try:
+                if self.cluster.store.get(resource, namespace, name) is not None:
+                    self.cluster.delete(resource, namespace, name)
+                self.cluster.create(resource, namespace, body)
+            except ApiError as exc:
+                raise ValueError(f"{source}: {exc.message}") from None
+            self._seeded.append((resource, namespace, name))
 
     async def stop(self) -> None:
         """Tear everything down: the HTTP side first (no new pods), then every pod and the bridge."""
@@ -278,30 +303,25 @@ class EmulatorServer:
                 return web.Response(text="ok")
             user = self._authenticate(request)
             if path == "/api":
-                return json_response(
-                    {
-                        "kind": "APIVersions",
-                        "versions": ["v1"],
-                        "serverAddressByClientCIDRs": [
-                            {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
-                        ],
-                    }
-                )
+                return json_response(discovery.core_versions(f"{self.host}:{self.port}"))
             if path == "/apis":
-                return json_response(access_review.group_list())
-            if path == f"/apis/{access_review.GROUP_VERSION}":
-                return json_response(access_review.resource_list())
+                return json_response(discovery.group_list())
             if path == f"/apis/{access_review.GROUP_VERSION}/{access_review.RESOURCE}" and request.method == "POST":
                 raw = await request.read()
                 protobuf = request.content_type == "application/vnd.kubernetes.protobuf"
                 body = access_review.from_protobuf(raw) if protobuf else _json_body(raw)
                 return json_response(access_review.review(self.authorizer, user, body), 201)
-            if path == "/api/v1":
-                return json_response(_resource_list())
+            if path.startswith("/openapi/v3"):
+                return self._openapi(path)
             if path.startswith("/emulator/"):
                 return await self._admin(request, user, path)
-            if path.startswith("/api/v1/"):
-                return await self.rest.handle(request, user, path[len("/api/v1/") :].split("/"))
+            group, parts = _api_path(path)
+            if group is not None and not parts:
+                listed = discovery.resource_list(group)
+                if listed is not None:
+                    return json_response(listed)
+            elif group is not None:
+                return await self.rest.handle(request, user, parts, group)
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         except ApiError as exc:
             return json_response(exc.status(), exc.code)
@@ -327,6 +347,15 @@ class EmulatorServer:
         if subject is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return subject
+
+    @staticmethod
+    def _openapi(path: str) -> web.Response:
+        """``/openapi/v3`` and each group-version's document under it."""
+        rest = path[len("/openapi/v3") :].strip("/")
+        body = openapi.root() if not rest else openapi.document(rest)
+        if body is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return json_response(body)
 
     def decisions(self) -> list[Decision]:
         """Every authorization decision so far, in order (what clients asked for)."""
@@ -377,28 +406,15 @@ def _version(version: str) -> dict[str, str]:
     }
 
 
-def _resource_list() -> dict[str, Any]:
-    resources = []
-    for info in RESOURCES.values():
-        entry: dict[str, Any] = {
-            "name": info.name,
-            "singularName": info.kind.lower(),
-            "namespaced": info.namespaced,
-            "kind": info.kind,
-            "verbs": list(info.verbs),
-        }
-        if info.short_names:
-            entry["shortNames"] = list(info.short_names)
-        resources.append(entry)
-    for sub, verbs in (
-        ("exec", ["create", "get"]),
-        ("portforward", ["create", "get"]),
-        ("log", ["get"]),
-        ("status", ["get"]),
-    ):
-        kind = {"exec": "PodExecOptions", "portforward": "PodPortForwardOptions", "log": "Pod", "status": "Pod"}[sub]
-        resources.append({"name": f"pods/{sub}", "singularName": "", "namespaced": True, "kind": kind, "verbs": verbs})
-    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+def _api_path(path: str) -> tuple[str | None, list[str]]:
+    """``/api/v1/REST`` -> ("", REST's parts); ``/apis/GROUP/v1/REST`` -> (GROUP, ...);
+    anything else (None, [])."""
+    words = path.strip("/").split("/")
+    if words[:2] == ["api", "v1"]:
+        return "", words[2:]
+    if len(words) >= 3 and words[0] == "apis" and words[2] == "v1":
+        return words[1], words[3:]
+    return None, []
 
 
 class Emulator:
@@ -547,8 +563,7 @@ class Emulator:
     def set_role(self, role_yaml: str) -> None:
         """Bind the role context's token to the Role(s) of this YAML from now on (as editing
         and re-applying a Role does on a real cluster)."""
-        grants = load_grants(role_yaml, "set_role")
-        self.call(lambda: self.server.authorizer.bind(ROLE_TOKEN, ROLE_USER, grants))
+        self.call(lambda: self.server.seed_role(role_yaml, "set_role"))
 
     def deletions(self) -> list[Deletion]:
         """Every single-object delete so far, with its DeleteOptions (see :class:`Deletion`)."""

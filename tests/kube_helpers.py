@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.stream import stream
 
 from kube_emulator import images
@@ -30,8 +30,19 @@ def leftovers(scope: str) -> list[str]:
     return left
 
 
+def api_client(kubeconfig: Path, context: str | None = None) -> client.ApiClient:
+    """A client as the product makes one (its loader): the client remembers the files it
+    wrote a kubeconfig's inline certificates to, by their content, for the life of the
+    process, so a test that loaded it another way would change where the product's go."""
+    from pytest_sky.ssh.kube_proxy import load_kube_config
+
+    cfg = client.Configuration()
+    load_kube_config(cfg, str(kubeconfig), context)
+    return client.ApiClient(cfg)
+
+
 def api(kubeconfig: Path, context: str | None = None) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig), context=context))
+    return client.CoreV1Api(api_client(kubeconfig, context))
 
 
 def pod_manifest(

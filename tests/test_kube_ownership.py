@@ -254,3 +254,26 @@ def test_a_record_from_before_launch_ids_is_torn_down_by_name_and_label(home: Pa
         assert k.read_namespaced_service("k8s-legacy", NS).metadata.uid == uid
     finally:
         k.delete_namespaced_service("k8s-legacy", NS)
+
+
+def test_the_purge_hints_kubectl_command_removes_what_was_left(home: Path, emu: Emulator, tmp_path: Path):
+    """``down --purge`` of a cluster whose kubeconfig is gone prints the kubectl command that
+    removes its objects; run as printed (with the kubeconfig back), it removes exactly them."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on PATH (Debian: apt install kubernetes-client)")
+    config = tmp_path / "kubeconfig"
+    shutil.copy(emu.kubeconfig_path, config)
+    run = sky(home, config, "launch", "-c", "k8s-hint", "--kubernetes", "--num-nodes", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    config.unlink()
+    run = sky(home, config, "down", "--purge", "k8s-hint")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (line,) = error_lines(run)
+    command = line.split("`")[-2]  # the last one: the earlier names the missing kubeconfig's fix
+    assert command.startswith("kubectl --context kube-emulator delete pod,secret,service -n default -l "), line
+    assert len(ours(emu, "k8s-hint")) == 4  # two pods, the secret, the service
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    done = subprocess.run([kubectl, *command.split()[1:]], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ours(emu, "k8s-hint") == []

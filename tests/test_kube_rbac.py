@@ -27,6 +27,7 @@ pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import ROLE_CERT_CONTEXT, ROLE_CONTEXT, ROLE_USER, Emulator
+from kube_emulator.api import ApiError
 from kube_emulator.rbac import (
     Authorizer,
     Forbidden,
@@ -34,10 +35,11 @@ from kube_emulator.rbac import (
     PolicyRule,
     Request,
     connect_verbs,
-    load_grants,
-    load_grants_file,
     parse_version,
+    role_documents,
 )
+from kube_emulator.rbac_objects import grants_for, prepare, role_objects
+from kube_emulator.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "examples" / "kubernetes" / "rbac.yaml"
@@ -52,6 +54,17 @@ def req(
 
 def allowed(grants: tuple[Grant, ...], request: Request) -> bool:
     return any(g.allows(request) for g in grants)
+
+
+def load_grants(text: str, default_namespace: str = "default") -> tuple[Grant, ...]:
+    """What a role file grants the role context's user once applied (its objects in a
+    store, then what their bindings give), as the emulator's authorizer sees it."""
+    store = Store()
+    for resource, namespace, body in role_objects(role_documents(text, "test"), default_namespace, USER):
+        if namespace:
+            body["metadata"]["namespace"] = namespace
+        store.create(resource, body)
+    return tuple(grants_for(store, USER))
 
 
 def role_yaml(rules: list[dict[str, object]]) -> str:
@@ -147,12 +160,25 @@ def test_the_403_reads_like_the_real_api_servers() -> None:
 def test_malformed_roles_are_refused_naming_the_place() -> None:
     with pytest.raises(ValueError, match="no Role or ClusterRole"):
         load_grants("kind: RoleBinding\n")
-    with pytest.raises(ValueError, match="rule 1: verbs must be a list of strings"):
-        load_grants(role_yaml([{"resources": ["pods"], "verbs": "get"}]))
+    with pytest.raises(ValueError, match="document 1 is a Pod"):
+        load_grants("kind: Pod\n")
+    with pytest.raises(
+        ApiError,
+        match=r'Role.rbac.authorization.k8s.io "r" is invalid: rules\[0\]: Invalid value: verbs must be a list',
+    ):
+        prepare(
+            "roles", {"metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": "get"}]}
+        )
+    with pytest.raises(ApiError, match=r"roleRef.kind: Unsupported value: \"Role\""):
+        binding = {
+            "metadata": {"name": "b"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+        }
+        prepare("clusterrolebindings", binding)
 
 
 def test_the_shipped_role_is_exactly_the_backends_verbs_and_has_no_deletecollection() -> None:
-    grants = load_grants_file(SHIPPED)
+    grants = load_grants(SHIPPED.read_text())
     granted = {
         (verb, resource) for g in grants for rule in g.rules for resource in rule.resources for verb in rule.verbs
     }
@@ -357,10 +383,12 @@ def test_auth_can_i_answers_from_the_role_the_requests_are_checked_against(emu: 
     import shutil
     import subprocess
 
-    from kubernetes import client, config
+    from kubernetes import client
+
+    from tests.kube_helpers import api_client
 
     def can(context: str, verb: str, resource: str, subresource: str = "") -> bool:
-        api = client.AuthorizationV1Api(config.new_client_from_config(str(emu.kubeconfig_path), context=context))
+        api = client.AuthorizationV1Api(api_client(emu.kubeconfig_path, context))
         attrs = client.V1ResourceAttributes(
             namespace="default", verb=verb, resource=resource, subresource=subresource or None
         )

@@ -1,0 +1,136 @@
+"""kubectl against the emulator: what a user runs while debugging a launch, and every kubectl
+command the README prints.
+
+A real client holds the emulator to the real API's shape: discovery, HTTPS with the CA of the
+kubeconfig, the Tables ``get`` prints, the OpenAPI documents ``apply`` validates with, RBAC
+objects the authorizer enforces, and watches (``wait``, ``delete``).  The Python client alone
+would pass where kubectl fails: it never asks for a Table or OpenAPI, and it does not
+validate what it sends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pytest_sky
+
+pytest.importorskip("kubernetes", reason="pip install kubernetes")
+pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
+
+from kube_emulator import ROLE_CONTEXT, Emulator
+from pytest_sky.backends import kube_manifests as manifests
+
+REPO = Path(__file__).resolve().parent.parent
+RBAC = REPO / "examples" / "kubernetes" / "rbac.yaml"
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not on PATH (Debian: apt install kubernetes-client)"
+)
+
+
+def kubectl(emu: Emulator, *args: str, context: str = "kube-emulator", check: bool = True) -> str:
+    """kubectl's output (stdout and stderr); a failure fails the test unless ``check`` is off."""
+    assert KUBECTL is not None
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    run = subprocess.run(
+        [KUBECTL, "--context", context, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    out = run.stdout + run.stderr
+    if check:
+        assert run.returncode == 0, f"kubectl {' '.join(args)}: {out}"
+    return out
+
+
+def table(out: str) -> list[list[str]]:
+    """kubectl's columns, split on runs of two or more spaces."""
+    import re
+
+    return [re.split(r"\s{2,}", line.strip()) for line in out.strip().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cluster(emu: Emulator, module_home: Path) -> Iterator[pytest_sky.Cluster]:
+    options = {"kubeconfig": str(emu.kubeconfig_path), "ready_timeout": 180}
+    with pytest_sky.launch(num_nodes=2, name="kubectl", backend="kubernetes", backend_options=options) as c:
+        yield c
+
+
+def test_get_prints_the_columns_a_real_server_gives(emu: Emulator, cluster: pytest_sky.Cluster) -> None:
+    sel = f"-l{manifests.selector(cluster.name)}"
+    pods = table(kubectl(emu, "get", "pods", sel, "-o", "wide"))
+    assert pods[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED NODE", "READINESS GATES"]
+    assert sorted(row[0] for row in pods[1:]) == ["kubectl-head", "kubectl-worker1"]
+    assert all(row[1:4] == ["1/1", "Running", "0"] and row[5] in cluster.node_ips for row in pods[1:]), pods
+    nodes = table(kubectl(emu, "get", "nodes"))
+    assert nodes[0] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert {row[1] for row in nodes[1:]} == {"Ready"}
+    services = table(kubectl(emu, "get", "service", cluster.name))
+    assert services[0] == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]
+    assert services[1][:2] == [cluster.name, "ClusterIP"]
+
+
+def test_describe_exec_logs_and_wait_work_on_a_launched_node(emu: Emulator, cluster: pytest_sky.Cluster) -> None:
+    described = kubectl(emu, "describe", "pod", "kubectl-head")
+    assert "Status:           Running" in described and "Events:" in described, described
+    assert "Ready" in kubectl(emu, "describe", "node", "emu-node-0")
+    assert kubectl(emu, "exec", "kubectl-worker1", "--", "hostname").strip() == "kubectl-worker1"
+    kubectl(emu, "logs", "kubectl-head")
+    out = kubectl(emu, "wait", "--for=condition=Ready", "pod", f"-l{manifests.selector(cluster.name)}", "--timeout=30s")
+    assert out.count("condition met") == 2, out
+
+
+def test_the_readme_can_i_questions_answer_from_the_shipped_role(emu: Emulator) -> None:
+    for question in (["create", "pods"], ["create", "pods/exec"], ["create", "pods/portforward"], ["delete", "pods"]):
+        assert kubectl(emu, "auth", "can-i", *question, "-n", "default", context=ROLE_CONTEXT).strip() == "yes"
+    out = kubectl(emu, "auth", "can-i", "deletecollection", "pods", "-n", "default", context=ROLE_CONTEXT, check=False)
+    assert out.strip() == "no"
+
+
+def test_applying_the_shipped_rbac_yaml_is_what_the_role_context_may_do(emu: Emulator) -> None:
+    """The README's ``kubectl apply -n NS -f examples/kubernetes/rbac.yaml``: the objects are
+    created, validated against the server's OpenAPI, and the authorizer enforces them (the
+    role context's user is the ServiceAccount the file binds, in ``default``)."""
+    ns = "kubectl-rbac"
+    kubectl(emu, "create", "namespace", ns)
+    try:
+        out = kubectl(emu, "apply", "-n", ns, "-f", str(RBAC))
+        assert out.splitlines() == [
+            "role.rbac.authorization.k8s.io/pytest-sky created",
+            "serviceaccount/pytest-sky created",
+            "rolebinding.rbac.authorization.k8s.io/pytest-sky created",
+        ], out
+        assert "unchanged" in kubectl(emu, "apply", "-n", ns, "-f", str(RBAC)), "a second apply changes nothing"
+        # Bound to the ServiceAccount of that namespace: not the role context's user.
+        can_i = ["auth", "can-i", "create", "pods", "-n", ns]
+        assert kubectl(emu, *can_i, context=ROLE_CONTEXT, check=False).strip() == "no"
+        # In default, the binding is what grants: without it, nothing; applied again, all of it.
+        kubectl(emu, "delete", "rolebinding", "pytest-sky", "-n", "default")
+        try:
+            assert kubectl(emu, "auth", "can-i", "create", "pods", context=ROLE_CONTEXT, check=False).strip() == "no"
+        finally:
+            kubectl(emu, "apply", "-n", "default", "-f", str(RBAC))
+        assert kubectl(emu, "auth", "can-i", "create", "pods", context=ROLE_CONTEXT).strip() == "yes"
+    finally:
+        kubectl(emu, "delete", "namespace", ns, "--wait=false")
+
+
+def test_apply_refuses_what_a_real_server_refuses(emu: Emulator, tmp_path: Path) -> None:
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(RBAC.read_text().replace("\nrules:\n", "\nrulez: []\nrules:\n", 1))
+    out = kubectl(emu, "apply", "-n", "default", "-f", str(unknown), check=False)
+    assert 'strict decoding error: unknown field "rulez"' in out, out
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: kubectl-bad}\n"
+        "rules: [{apiGroups: [''], resources: [pods]}]\n"
+    )
+    out = kubectl(emu, "apply", "-n", "default", "-f", str(malformed), check=False)
+    assert 'The Role.rbac.authorization.k8s.io "kubectl-bad" is invalid' in out, out
+    assert "rules[0].verbs: Required value: verbs must contain at least one value" in out, out
+    assert "kubectl-bad" not in kubectl(emu, "get", "roles", "-n", "default")
