@@ -9,7 +9,8 @@ node of the local backend.  Layout:
 - ``server.py``: discovery, auth, the admin endpoint; ``EmulatorServer`` (async core) and
   ``Emulator`` (in-process, background thread).  ``rest.py``: resource paths to cluster
   calls; ``feeds.py``: watches and followed logs; ``streams.py``: the exec and port-forward
-  WebSocket channel protocols.
+  WebSocket channel protocols; ``spdy_portforward.py`` over ``spdy.py``: kubectl's
+  port-forward, a SPDY/3.1 session inside a websocket.
 - ``cluster.py``: API semantics (create, update, patch, graceful deletion, namespaces), over
   ``api.py`` (resources, Status errors), ``validation.py`` (checks and defaults of a new
   object), ``patches.py``, ``admission.py`` (LimitRanger, Pod Security, ResourceQuota),
@@ -40,7 +41,7 @@ Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
 
-0. product, config, selectors, faults, images, rbac, tls: leaves, importing nothing of the emulator's
+0. product, config, selectors, faults, images, rbac, tls, spdy: leaves, importing nothing of the emulator's
 1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
    bridge and addresses; the record a killed emulator leaves
 2. api, patches, validation, admission, events, nodes, dns, scheduling, access_review, rbac_objects,
@@ -51,7 +52,7 @@ a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky`
    cluster it serves), its status, what its node is made of, the ways into it
 4. kubelet: pods as nodes, below the cluster it serves
 5. cluster: the API semantics
-6. streams, feeds, rest, server: the wire
+6. spdy_portforward, streams, feeds, rest, server: the wire
 7. kube_emulator, __main__: the ways in
 """
 

@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from multidict import MultiDictProxy
 
+from kube_emulator import spdy_portforward
 from kube_emulator.api import ApiError
+from kube_emulator.spdy_portforward import SpdyPortForward
 
 if TYPE_CHECKING:
     from kube_emulator.cluster import Cluster
@@ -129,7 +131,9 @@ def _exec_request(query: MultiDictProxy[str]) -> ExecRequest:
 
 async def _accept(request: web.Request, protocols: tuple[str, ...]) -> web.WebSocketResponse:
     if not _is_websocket(request):
-        raise ApiError(400, "BadRequest", "Upgrade request required (the kube emulator speaks WebSocket, not SPDY)")
+        raise ApiError(
+            400, "BadRequest", "Upgrade request required (the kube emulator speaks WebSocket and SPDY over WebSocket)"
+        )
     ws = web.WebSocketResponse(protocols=protocols, max_msg_size=MAX_MESSAGE, autoping=True)
     await ws.prepare(request)
     return ws
@@ -349,13 +353,26 @@ def _ports(query: MultiDictProxy[str]) -> list[int]:
 
 
 async def handle_portforward(request: web.Request, cluster: Cluster, namespace: str, name: str) -> web.StreamResponse:
-    ports = _ports(request.query)
-    rt = _running(cluster, namespace, name, "port-forward to", None)
-    ws = await _accept(request, PORTFORWARD_PROTOCOLS)
-    session = PortForwardSession(ws, cluster.faults.drop_portforward_after_bytes)
+    """The Python client's websocket port-forward (ports in the query), or kubectl's SPDY
+    session tunnelled through a websocket (:mod:`~kube_emulator.spdy_portforward`)."""
+    limit = cluster.faults.drop_portforward_after_bytes
+    session: PortForwardSession | SpdyPortForward
+    if spdy_portforward.requested(request):
+        rt = _running(cluster, namespace, name, "port-forward to", None)
+        ws = await _accept(request, (spdy_portforward.TUNNEL_PROTOCOL,))
+        session = SpdyPortForward(
+            ws, lambda port: cluster.kubelet.entry.connect(rt, port), f"pod {rt.name}, uid {rt.uid}", limit
+        )
+        forwarding = session.forward()
+    else:
+        ports = _ports(request.query)
+        rt = _running(cluster, namespace, name, "port-forward to", None)
+        ws = await _accept(request, PORTFORWARD_PROTOCOLS)
+        session = PortForwardSession(ws, limit)
+        forwarding = session.forward(cluster, rt, ports)
     cluster.portforwards.add(session)
     try:
-        if await session.forward(cluster, rt, ports) and session.dropped.is_set():
+        if await forwarding and session.dropped.is_set():
             log.info("dropping the port-forward to %s/%s after %d bytes", namespace, name, session.bytes)
             _reset(request.transport)
         return ws

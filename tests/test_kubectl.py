@@ -134,3 +134,37 @@ def test_apply_refuses_what_a_real_server_refuses(emu: Emulator, tmp_path: Path)
     assert 'The Role.rbac.authorization.k8s.io "kubectl-bad" is invalid' in out, out
     assert "rules[0].verbs: Required value: verbs must contain at least one value" in out, out
     assert "kubectl-bad" not in kubectl(emu, "get", "roles", "-n", "default")
+
+
+def test_port_forward_in_kubectls_protocol_carries_an_ssh_session(
+    emu: Emulator, cluster: pytest_sky.Cluster, module_home: Path
+) -> None:
+    """``kubectl port-forward`` speaks SPDY/3.1 inside a websocket (the Python client's form is
+    another): an ssh session through it, with the cluster's key and known host key, moves
+    megabytes both ways; a second connection through the same session works too."""
+    import re
+
+    assert KUBECTL is not None
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    forward = subprocess.Popen(
+        [KUBECTL, "--context", "kube-emulator", "port-forward", f"pod/{cluster.name}-head", ":22"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        found = re.search(r"127\.0\.0\.1:(\d+) -> 22", line)
+        assert found, line
+        config = module_home / "clusters" / cluster.name / "ssh_config"
+        ssh = ["ssh", "-F", str(config), "-o", "ProxyCommand=none", "-o", "HostName=127.0.0.1"]
+        ssh += ["-p", found.group(1), cluster.name]
+        down = subprocess.run([*ssh, "hostname; head -c 3000000 /dev/zero | wc -c"], capture_output=True, timeout=60)
+        assert down.stdout.split() == [f"{cluster.name}-head".encode(), b"3000000"], down
+        up = subprocess.run([*ssh, "wc -c"], input=os.urandom(2_000_000), capture_output=True, timeout=60)
+        assert up.stdout.strip() == b"2000000", up
+    finally:
+        forward.terminate()
+        forward.wait(10)
