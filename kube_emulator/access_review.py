@@ -1,4 +1,5 @@
-"""``authorization.k8s.io/v1``: SelfSubjectAccessReview, which ``kubectl auth can-i`` asks.
+"""``authorization.k8s.io/v1``: SelfSubjectAccessReview and SelfSubjectRulesReview, which
+``kubectl auth can-i`` (and ``can-i --list``) asks, and a launch asks before it creates anything.
 
 A user checks what their credentials may do before a launch fails half-way on it: the answer
 comes from the same authorizer that guards every request (the Role of the token or the client
@@ -19,20 +20,24 @@ from kube_emulator.rbac import Authorizer, Request, Subject
 
 GROUP = "authorization.k8s.io"
 GROUP_VERSION = f"{GROUP}/v1"
-#: The one resource of the group the emulator serves, under ``/apis/authorization.k8s.io/v1/``.
+#: The resources of the group the emulator serves, under ``/apis/authorization.k8s.io/v1/``.
 RESOURCE = "selfsubjectaccessreviews"
+RULES_RESOURCE = "selfsubjectrulesreviews"
 
 
 def resource_list() -> dict[str, Any]:
     """``/apis/authorization.k8s.io/v1``."""
-    entry = {
-        "name": RESOURCE,
-        "singularName": "selfsubjectaccessreview",
-        "namespaced": False,
-        "kind": "SelfSubjectAccessReview",
-        "verbs": ["create"],
-    }
-    return {"kind": "APIResourceList", "groupVersion": GROUP_VERSION, "resources": [entry]}
+    entries = [
+        {
+            "name": name,
+            "singularName": kind.lower(),
+            "namespaced": False,
+            "kind": kind,
+            "verbs": ["create"],
+        }
+        for name, kind in ((RESOURCE, "SelfSubjectAccessReview"), (RULES_RESOURCE, "SelfSubjectRulesReview"))
+    ]
+    return {"kind": "APIResourceList", "groupVersion": GROUP_VERSION, "resources": entries}
 
 
 #: The envelope of a protobuf-encoded object (``runtime.protobufSerializer``'s prefix).
@@ -53,6 +58,15 @@ def from_protobuf(data: bytes) -> dict[str, Any]:
     attrs = _fields(_one(spec, 1))
     resource_attributes = {name: _one(attrs, n).decode() for n, name in _ATTRIBUTE_FIELDS.items() if n in attrs}
     return {"spec": {"resourceAttributes": resource_attributes}}
+
+
+def rules_from_protobuf(data: bytes) -> dict[str, Any]:
+    """A protobuf SelfSubjectRulesReview as the JSON body it stands for (its namespace)."""
+    if not data.startswith(PROTOBUF_MAGIC):
+        raise ApiError(415, "UnsupportedMediaType", "protobuf body without the k8s envelope")
+    review_fields = _fields(_one(_fields(data[len(PROTOBUF_MAGIC) :]), 2))  # 2: spec
+    spec = _fields(_one(review_fields, 2))  # SelfSubjectRulesReviewSpec: 1 is namespace
+    return {"spec": {"namespace": _one(spec, 1).decode()}}
 
 
 def _one(fields: dict[int, list[bytes]], number: int) -> bytes:
@@ -120,4 +134,36 @@ def review(authorizer: Authorizer, subject: Subject, body: dict[str, Any]) -> di
         "metadata": {"creationTimestamp": None},
         "spec": spec,
         "status": status,
+    }
+
+
+def rules_review(authorizer: Authorizer, subject: Subject, body: dict[str, Any]) -> dict[str, Any]:
+    """What ``subject`` may do in the body's namespace, as rules (``kubectl auth can-i --list``,
+    and what a launch checks before it creates anything): every rule of every grant that
+    applies there, the admin's one rule being everything."""
+    spec = body.get("spec") if isinstance(body, dict) else None
+    namespace = spec.get("namespace") if isinstance(spec, dict) else None
+    if not namespace:
+        raise ApiError(422, "Invalid", "SelfSubjectRulesReview: spec.namespace: Required value")
+    grants = authorizer.grants(subject)
+    if grants is None:
+        rules = [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}]
+    else:
+        rules = [
+            {
+                "verbs": list(rule.verbs),
+                "apiGroups": list(rule.api_groups),
+                "resources": list(rule.resources),
+                **({"resourceNames": list(rule.resource_names)} if rule.resource_names else {}),
+            }
+            for grant in grants
+            if grant.namespace in (None, namespace)
+            for rule in grant.rules
+        ]
+    return {
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": GROUP_VERSION,
+        "metadata": {"creationTimestamp": None},
+        "spec": {"namespace": namespace},
+        "status": {"resourceRules": rules, "nonResourceRules": [], "incomplete": False},
     }

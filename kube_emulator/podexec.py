@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import fcntl
 import os
-import pty
 import shutil
 import socket
+import struct
 from concurrent.futures import ThreadPoolExecutor
 
 from kube_emulator.pods import DEFAULT_PATH, PodRuntime
@@ -77,7 +78,8 @@ class PodEntry:
         """
         argv = self._exec_argv(rt)
         if tty:
-            return await _spawn_on_pty([*argv, self.setsid, "-c", *command], rt.env)
+            assert rt.node is not None
+            return await _spawn_on_pty([*argv, self.setsid, "-c", *command], rt.env, rt.node.init_pid)
         proc = await asyncio.create_subprocess_exec(
             *argv,
             *command,
@@ -141,10 +143,28 @@ class PodEntry:
         )
 
 
-async def _spawn_on_pty(argv: list[str], env: dict[str, str]) -> tuple[asyncio.subprocess.Process, int]:
-    """``argv`` on a new pty (stdin, stdout and stderr all), in a session of its own; the
-    process and the pty's master side, non-blocking."""
-    master, slave = pty.openpty()
+#: ioctls of a pty master: unlock its peer; open its peer (Linux 4.13+, no path lookup).
+TIOCSPTLCK, TIOCGPTPEER = 0x40045431, 0x5441
+
+
+def pod_pty(init_pid: int) -> tuple[int, int]:
+    """A pty of the pod's own ``devpts`` (its master and its peer), as a runtime allocates
+    the terminal of an exec inside the container: one of this host's would be a terminal
+    with no name in the pod (``tty`` says "not a tty", and so do programs that ask)."""
+    master = os.open(f"/proc/{init_pid}/root/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
+        slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    return master, slave
+
+
+async def _spawn_on_pty(argv: list[str], env: dict[str, str], init_pid: int) -> tuple[asyncio.subprocess.Process, int]:
+    """``argv`` on a new pty of the pod's (stdin, stdout and stderr all), in a session of its
+    own; the process and the pty's master side, non-blocking."""
+    master, slave = pod_pty(init_pid)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True

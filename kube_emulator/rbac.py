@@ -273,6 +273,10 @@ class Authorizer:
         or none (authenticated, allowed nothing), as RBAC treats a user no binding names."""
         return next((s for s in self.subjects.values() if s.user == user), Subject(user))
 
+    def grants(self, subject: Subject) -> list[Grant] | None:
+        """Every grant of ``subject``, its own and its bindings' (None: the admin's, everything)."""
+        return None if subject.grants is None else [*subject.grants, *self.bound(subject.user)]
+
     def allows(self, subject: Subject, req: Request) -> bool:
         """Whether some grant of ``subject``, its own or its bindings', allows ``req``
         (asked, not recorded)."""

@@ -306,11 +306,8 @@ class EmulatorServer:
                 return json_response(discovery.core_versions(f"{self.host}:{self.port}"))
             if path == "/apis":
                 return json_response(discovery.group_list())
-            if path == f"/apis/{access_review.GROUP_VERSION}/{access_review.RESOURCE}" and request.method == "POST":
-                raw = await request.read()
-                protobuf = request.content_type == "application/vnd.kubernetes.protobuf"
-                body = access_review.from_protobuf(raw) if protobuf else _json_body(raw)
-                return json_response(access_review.review(self.authorizer, user, body), 201)
+            if path.startswith(f"/apis/{access_review.GROUP_VERSION}/") and request.method == "POST":
+                return await self._review(request, user, path.rsplit("/", 1)[1])
             if path.startswith("/openapi/v3"):
                 return self._openapi(path)
             if path.startswith("/emulator/"):
@@ -347,6 +344,18 @@ class EmulatorServer:
         if subject is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return subject
+
+    async def _review(self, request: web.Request, user: Subject, resource: str) -> web.Response:
+        """A SelfSubjectAccessReview or SelfSubjectRulesReview, in JSON or (kubectl) protobuf."""
+        raw = await request.read()
+        protobuf = request.content_type == "application/vnd.kubernetes.protobuf"
+        if resource == access_review.RESOURCE:
+            body = access_review.from_protobuf(raw) if protobuf else _json_body(raw)
+            return json_response(access_review.review(self.authorizer, user, body), 201)
+        if resource == access_review.RULES_RESOURCE:
+            body = access_review.rules_from_protobuf(raw) if protobuf else _json_body(raw)
+            return json_response(access_review.rules_review(self.authorizer, user, body), 201)
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
     @staticmethod
     def _openapi(path: str) -> web.Response:

@@ -23,7 +23,8 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
    backends.netns.cgroups, backends.netns.preflight, backends.netns.output, backends.netns.reap,
    backends.netns.plans, backends.netns.spawn, backends.netns.faults, backends.nfdelay,
-   backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_client,
+   backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_permissions,
+   backends.kube_client,
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends

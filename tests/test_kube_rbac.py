@@ -20,7 +20,7 @@ import yaml
 import pytest_sky
 from pytest_sky.backends import kube_manifests as manifests
 from pytest_sky.backends.kubernetes import KubernetesBackend
-from pytest_sky.errors import ProvisionError
+from pytest_sky.errors import BackendUnavailableError, ProvisionError
 from pytest_sky.ssh import kube_proxy
 
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
@@ -195,6 +195,25 @@ def test_the_shipped_role_is_exactly_the_backends_verbs_and_has_no_deletecollect
     assert kinds == ["Role", "ServiceAccount", "RoleBinding"]
 
 
+def test_the_launchs_own_check_matches_rules_as_the_authorizer_does() -> None:
+    """What ``kube_permissions`` concludes from a rules review, without a cluster."""
+    from pytest_sky.backends.kube_permissions import Permission, Rule, missing, needed
+
+    exec_get, exec_create = Permission("get", "pods/exec"), Permission("create", "pods/exec")
+    assert Rule(("get",), ("",), ("pods/exec",)).allows(exec_get)
+    assert Rule(("*",), ("*",), ("*",)).allows(exec_create)
+    assert Rule(("get",), ("",), ("*/exec",)).allows(exec_get)
+    assert not Rule(("get",), ("",), ("pods",)).allows(exec_get), "the resource is not its subresources"
+    assert not Rule(("get",), ("apps",), ("pods/exec",)).allows(exec_get), "another API group"
+    assert not Rule(("create",), ("",), ("pods",), ("x",)).allows(Permission("create", "pods")), "names only"
+    assert exec_create not in needed((1, 34), shared_claim=False) and exec_create in needed((1, 35), shared_claim=False)
+    assert exec_create in needed(None, shared_claim=False), "a version not known: the newer rules"
+    shipped = [Rule(tuple(r["verbs"]), tuple(r["apiGroups"]), tuple(r["resources"])) for r in shipped_rules()]
+    assert missing(shipped, needed((1, 35), shared_claim=True)) == []
+    granted = {(v, r) for rule in shipped for r in rule.resources for v in rule.verbs}
+    assert granted == {(p.verb, p.resource) for p in needed((1, 35), shared_claim=True)}, "exactly, no more"
+
+
 def test_the_backends_line_for_a_denial_names_verb_resource_and_fix() -> None:
     message = (
         'pods "x" is forbidden: User "system:serviceaccount:ns:sa" cannot create resource "pods/exec" '
@@ -276,15 +295,22 @@ def since_135(emu: Emulator) -> bool:
 def test_each_missing_verb_fails_the_launch_in_one_line_naming_it(
     request: pytest.FixtureRequest, home: Path, version: str, verb: str, resource: str
 ) -> None:
+    """Asked first (SelfSubjectRulesReview): the launch fails before it creates anything, not
+    half-way with pods to clean up."""
     emu: Emulator = request.getfixturevalue(f"emu{version.replace('.', '')}")
     name = f"rbac-{verb[:3]}-{resource.replace('/', '-')[:10]}"
     emu.set_role(without(verb, resource))
+    since = len(emu.decisions())
     try:
-        with pytest.raises(ProvisionError) as err:
+        with pytest.raises(BackendUnavailableError) as err:
             launch_as_role(emu, name)
         message = str(err.value)
-        assert f'may not {verb} {resource} in namespace "default" (403 Forbidden)' in message, message
+        assert f"may not {verb} {resource} in namespace 'default'" in message and "nothing was created" in message
         assert "kubectl apply -n default -f examples/kubernetes/rbac.yaml" in message and "\n" not in message
+        made = [
+            d.request for d in emu.decisions()[since:] if d.request.verb == "create" and d.request.user == ROLE_USER
+        ]
+        assert made == [], made
     finally:
         emu.set_role(SHIPPED.read_text())
         purge(emu, name)

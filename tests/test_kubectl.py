@@ -29,9 +29,28 @@ from pytest_sky.backends import kube_manifests as manifests
 REPO = Path(__file__).resolve().parent.parent
 RBAC = REPO / "examples" / "kubernetes" / "rbac.yaml"
 KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not on PATH (Debian: apt install kubernetes-client)"
-)
+
+
+def _client_minor() -> int:
+    """kubectl's minor version (0 where it cannot say)."""
+    import json
+    import re
+
+    assert KUBECTL is not None
+    run = subprocess.run([KUBECTL, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60)
+    try:
+        return int(re.match(r"\d*", json.loads(run.stdout)["clientVersion"]["minor"])[0] or 0)
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+pytestmark = [
+    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH: apt-get install kubernetes-client"),
+    pytest.mark.skipif(
+        KUBECTL is not None and _client_minor() < 31,
+        reason="kubectl before 1.31 speaks raw SPDY and OpenAPI v2, which the emulator does not serve",
+    ),
+]
 
 
 def kubectl(emu: Emulator, *args: str, context: str = "kube-emulator", check: bool = True) -> str:
@@ -85,11 +104,62 @@ def test_describe_exec_logs_and_wait_work_on_a_launched_node(emu: Emulator, clus
     assert out.count("condition met") == 2, out
 
 
+def test_exec_with_a_terminal_and_stdin(emu: Emulator, cluster: pytest_sky.Cluster) -> None:
+    """``kubectl exec -it``: a shell on a terminal (kubectl's own stdin a terminal too), and
+    ``-i`` with piped input."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    assert KUBECTL is not None
+    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    argv = [KUBECTL, "--context", "kube-emulator", "exec", "-it", f"{cluster.name}-head", "--", "bash"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the terminal's size first: kubectl sends it
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 37, 101, 0, 0))
+        os.execvpe(argv[0], argv, env)
+    try:
+        os.write(fd, b"tty; echo rows=$(stty size | cut -d' ' -f1); exit 7\n")
+        out = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the terminal closed: kubectl is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert re.search(r"\n/dev/pts/\d+\r?\n", text) and "rows=37" in text, text  # a terminal of the pod's
+    assert os.waitstatus_to_exitcode(status) == 7, text
+    piped = subprocess.run(
+        [KUBECTL, "--context", "kube-emulator", "exec", "-i", f"{cluster.name}-worker1", "--", "wc", "-c"],
+        input=b"x" * 100_000,
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert piped.stdout.strip() == b"100000", piped
+
+
+def test_the_kubectl_commands_error_lines_print_work(emu: Emulator) -> None:
+    """What the backend's one-line errors tell a user to run."""
+    assert "Type        Resource" in kubectl(emu, "describe", "limitrange", "-n", "default")
+    nodes = table(kubectl(emu, "get", "nodes", "-L", "nvidia.com/gpu.product"))
+    assert nodes[0][-1] == "GPU.PRODUCT", nodes
+
+
 def test_the_readme_can_i_questions_answer_from_the_shipped_role(emu: Emulator) -> None:
     for question in (["create", "pods"], ["create", "pods/exec"], ["create", "pods/portforward"], ["delete", "pods"]):
         assert kubectl(emu, "auth", "can-i", *question, "-n", "default", context=ROLE_CONTEXT).strip() == "yes"
     out = kubectl(emu, "auth", "can-i", "deletecollection", "pods", "-n", "default", context=ROLE_CONTEXT, check=False)
     assert out.strip() == "no"
+    listed = table(kubectl(emu, "auth", "can-i", "--list", "-n", "default", context=ROLE_CONTEXT))
+    assert ["pods/exec", "[]", "[]", "[get create]"] in listed, listed
 
 
 def test_applying_the_shipped_rbac_yaml_is_what_the_role_context_may_do(emu: Emulator) -> None:

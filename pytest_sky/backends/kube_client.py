@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pytest_sky.backends.kube_journal import KubeRecord
+from pytest_sky.backends.kube_permissions import Rule
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import BackendUnavailableError
 from pytest_sky.ssh import kube_proxy
@@ -188,6 +189,35 @@ class KubeClient:
             timeout_seconds=max(1, int(seconds)),
         )
         return w, events
+
+    def rules_review(self) -> tuple[list[Rule], bool]:
+        """The resource rules that apply to this context's user in its namespace
+        (SelfSubjectRulesReview), and whether the server says the list is complete."""
+        from kubernetes import client
+
+        api = client.AuthorizationV1Api(self.api().api_client)
+        spec = client.V1SelfSubjectRulesReviewSpec(namespace=self.namespace)
+        status = api.create_self_subject_rules_review(
+            client.V1SelfSubjectRulesReview(spec=spec), _request_timeout=30
+        ).status
+        rules = [
+            Rule(
+                tuple(r.verbs or ()), tuple(r.api_groups or ()), tuple(r.resources or ()), tuple(r.resource_names or ())
+            )
+            for r in status.resource_rules or []
+        ]
+        return rules, not status.incomplete
+
+    def server_version(self) -> tuple[int, int] | None:
+        """The API server's Kubernetes version (major, minor); None where it does not say
+        (a managed cluster may write its minor as ``"35+"``)."""
+        import re
+
+        from kubernetes import client
+
+        info = client.VersionApi(self.api().api_client).get_code(_request_timeout=30)
+        major, minor = re.match(r"\d*", info.major or "")[0], re.match(r"\d*", info.minor or "")[0]
+        return (int(major), int(minor)) if major and minor else None
 
     @staticmethod
     def delete_options(uid: str, grace_period: int | None = None) -> client.V1DeleteOptions:

@@ -1,5 +1,6 @@
 """What is checked of a kube context before anything is created there: the API server
-answers, the namespace exists, the shared directory's claim suits, and whether GPUs are seen.
+answers, the namespace exists, the context may do all the backend will do there, the shared
+directory's claim suits, and whether GPUs are seen.
 
 Each check says in one line what is wrong and what to pass or ask for; a launch that would
 fail half-way on one of these fails here, with nothing to clean up.
@@ -7,7 +8,7 @@ fail half-way on one of these fails here, with nothing to clean up.
 
 from __future__ import annotations
 
-from pytest_sky.backends import kube_client
+from pytest_sky.backends import kube_client, kube_permissions
 from pytest_sky.backends.kube_client import KubeClient
 from pytest_sky.backends.kube_errors import api_message, unreachable
 from pytest_sky.errors import BackendUnavailableError
@@ -33,6 +34,20 @@ def check_namespace(client: KubeClient) -> None:
             ) from None
     except Exception as exc:  # noqa: BLE001 - connection errors come as urllib3 exceptions
         raise unreachable(exc, client.context, client.server) from None
+
+
+def check_permissions(client: KubeClient, *, shared_claim: bool) -> None:
+    """The context's RBAC rules in the namespace grant every verb the backend will use
+    (:mod:`~pytest_sky.backends.kube_permissions`).  A server that cannot list a user's
+    rules, or lists them incomplete, proves nothing missing: the launch goes on."""
+    try:
+        rules, complete = client.rules_review()
+        version = client.server_version()
+    except kube_client.ApiException:
+        return
+    lacking = kube_permissions.missing(rules, kube_permissions.needed(version, shared_claim=shared_claim))
+    if lacking and complete:
+        raise BackendUnavailableError(kube_permissions.missing_line(client.context, client.namespace, lacking))
 
 
 def check_claim(client: KubeClient, claim_name: str | None, shared_dir: str) -> None:

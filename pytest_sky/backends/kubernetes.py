@@ -102,6 +102,7 @@ class KubernetesBackend(Backend):
                 "pass --kube-shared-pvc NAME (or set PYTEST_SKY_KUBE_SHARED_PVC)"
             )
         kube_preflight.check_namespace(self.client)
+        kube_preflight.check_permissions(self.client, shared_claim=bool(shared_dir))
         if shared_dir:
             kube_preflight.check_claim(self.client, self.shared_pvc, shared_dir)
 
