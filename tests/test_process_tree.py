@@ -147,7 +147,7 @@ def test_a_process_that_keeps_forking_is_stopped_with_all_it_started(cluster):
 # lifeline's reader, psky-rank by its arguments); the check runs in between, as a child.
 _SUPERVISOR_FORKS = r"""
 sup=$$
-is_rank() { tr '\0' '\n' <"/proc/$1/cmdline" | grep -qx psky-rank; }
+is_rank() { tr '\0' '\n' <"/proc/$1/cmdline" | grep -x psky-rank >/dev/null; }  # not -q: no EPIPE for tr
 until is_rank "$sup"; do sup=$(awk '/^PPid:/ {print $2}' "/proc/$sup/status"); done
 forks() { for c in $(pgrep -P "$sup"); do is_rank "$c" && echo "$c"; done | wc -l; }
 echo "before $(forks)"
@@ -173,7 +173,7 @@ def test_the_leftover_check_spares_its_own_supervisor(cluster):
 # arguments: what a rank the agent is starting looks like until it has exec'd.
 _AGENT_STARTING_A_RANK = r"""
 bash -c '(exec -a x/agent.pyz sleep 300) & rank=$!
-until tr "\0" "\n" <"/proc/$rank/cmdline" | grep -qx x/agent.pyz; do sleep 0.01; done
+until tr "\0" "\n" <"/proc/$rank/cmdline" | grep -x x/agent.pyz >/dev/null; do sleep 0.01; done
 bash -c "$CHECK" || echo "check failed: $?"
 if kill "$rank" 2>/dev/null; then echo spared; else echo killed; fi' x/agent.pyz
 """
