@@ -139,7 +139,11 @@ def _serve(run: Runner, told: int) -> None:
 
 
 def _preload() -> None:
-    """What a request's child would import anyway, imported once here: a fork shares it."""
+    """What a request's child would import anyway, imported once here: a fork shares it.
+    ``encodings.idna`` (with ``stringprep``, ``unicodedata`` and ``re``) is what the first
+    ``socket.create_connection`` imports to encode a host name, even an address: each run's
+    connection to a worker's server paid it again, before that rank could start."""
+    import encodings.idna  # noqa: F401
     import threading  # noqa: F401
 
     from pytest_sky.agent import fanout, rank, records  # noqa: F401
