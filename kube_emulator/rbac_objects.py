@@ -105,12 +105,8 @@ def _role_errors(obj: Obj) -> list[tuple[str, str]]:
     rules = obj.get("rules") or []
     if not isinstance(rules, list):
         return [("rules", "Invalid value: must be a list")]
-    errors = []
-    for i, rule in enumerate(rules):
-        where = f"rules[{i}]"
-        if not isinstance(rule, dict):
-            errors.append((where, "Invalid value: must be an object"))
-            continue
+    errors: list[tuple[str, str]] = []
+    for where, rule in _entries(rules, "rules", errors):
         if not rule.get("verbs"):
             errors.append((f"{where}.verbs", "Required value: verbs must contain at least one value"))
         if rule.get("nonResourceURLs"):
@@ -149,11 +145,7 @@ def _binding_errors(resource: str, obj: Obj) -> list[tuple[str, str]]:
         errors.append(("roleRef.kind", f'Unsupported value: "{ref.get("kind", "")}": supported values: {supported}'))
     if not ref.get("name"):
         errors.append(("roleRef.name", "Required value"))
-    for i, subject in enumerate(obj.get("subjects") or []):
-        where = f"subjects[{i}]"
-        if not isinstance(subject, dict):
-            errors.append((where, "Invalid value: must be an object"))
-            continue
+    for where, subject in _entries(obj.get("subjects"), "subjects", errors):
         if not subject.get("name"):
             errors.append((f"{where}.name", "Required value"))
         kind = subject.get("kind")
@@ -167,6 +159,16 @@ def _binding_errors(resource: str, obj: Obj) -> list[tuple[str, str]]:
         elif kind == "ServiceAccount" and resource == "clusterrolebindings" and not subject.get("namespace"):
             errors.append((f"{where}.namespace", "Required value"))
     return errors
+
+
+def _entries(items: Any, field: str, errors: list[tuple[str, str]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each object of a list field, with the name a field error gives it; an entry that is no
+    object is an error of its own."""
+    for i, item in enumerate(items or []):
+        if isinstance(item, dict):
+            yield f"{field}[{i}]", item
+        else:
+            errors.append((f"{field}[{i}]", "Invalid value: must be an object"))
 
 
 def _go(value: Any) -> str:
