@@ -93,7 +93,37 @@ def agent_bundle() -> bytes:
     tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
     tmp.write_bytes(bundle)
     os.replace(tmp, cached)  # atomic: concurrent runs (xdist workers) write the same bytes
+    prune_bundles(cached.parent)
     return bundle
+
+
+#: How many agent bundles the cache keeps (each version of pytest-sky, or interpreter, has one).
+KEPT_BUNDLES = 4
+
+
+def prune_bundles(cache: Path) -> None:
+    """Keep the newest :data:`KEPT_BUNDLES` bundles and no half-written one of a process that
+    is gone: every upgrade or edit of pytest-sky adds a bundle of ~250 KB, and nothing else
+    would ever remove the older ones.  A process still using a removed one builds it again."""
+    from pytest_sky import procs
+
+    def age(path: Path) -> float:
+        try:
+            return -path.stat().st_mtime
+        except OSError:  # pruned meanwhile by another process
+            return 0.0
+
+    bundles = sorted(cache.glob("agent-*.pyz"), key=age)
+    doomed = bundles[KEPT_BUNDLES:]
+    for tmp in cache.glob("agent-*.pyz.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not procs.is_alive(int(pid)):
+            doomed.append(tmp)
+    for path in doomed:
+        try:
+            path.unlink()
+        except OSError:
+            pass  # already gone: another process pruned it
 
 
 def module_path(module: str) -> str:

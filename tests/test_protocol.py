@@ -282,3 +282,22 @@ def test_the_attached_run_imports_no_json(tmp_path: Path) -> None:
     assert protocol.LineEvent(0, "hi") in events
     assert "threading" in imported  # the report is real: the run mode's own imports are in it
     assert not imported & {"json", "json.decoder", "re", "dataclasses", "subprocess"}, sorted(imported)
+
+
+def test_the_bundle_cache_keeps_the_newest_bundles_and_no_orphaned_half_written_one(tmp_path: Path) -> None:
+    """Each version of pytest-sky builds a bundle of its own; the cache must not grow forever."""
+    import time
+
+    now = time.time()
+    old = [tmp_path / f"agent-{i:016x}.pyz" for i in range(7)]
+    for i, path in enumerate(old):
+        path.write_bytes(b"x")
+        os.utime(path, (now - 1000 + i, now - 1000 + i))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = tmp_path / f"agent-{0:016x}.pyz.{dead.pid}.tmp"
+    writing = tmp_path / f"agent-{1:016x}.pyz.{os.getpid()}.tmp"
+    orphan.write_bytes(b"half")
+    writing.write_bytes(b"half")
+    bootstrap.prune_bundles(tmp_path)
+    assert sorted(tmp_path.iterdir()) == sorted([*old[-bootstrap.KEPT_BUNDLES :], writing])
