@@ -79,3 +79,27 @@ def test_a_process_files_go_when_it_exits_and_a_killed_ones_are_reaped(tmp_path:
     assert left in StateStore(root).stale_trash()  # what `pytest-sky doctor` reports
     reap(StateStore(root))
     assert not left.exists()
+
+
+def test_the_state_lock_excludes_other_threads_and_lets_its_holder_in_again(tmp_path: Path) -> None:
+    """Reentrant for the thread that holds it (a locked step may call another), exclusive for
+    every other thread and process."""
+    import threading
+
+    from pytest_sky.state import StateLock
+
+    lock = StateLock(tmp_path / "state.lock")
+    entered = threading.Event()
+
+    def other() -> None:
+        with lock:
+            entered.set()
+
+    with lock:
+        with lock:  # the holder again: no deadlock
+            thread = threading.Thread(target=other)
+            thread.start()
+            assert not entered.wait(0.3), "another thread got in while the lock was held"
+        assert not entered.is_set(), "released by the inner exit"
+    assert entered.wait(10), "the other thread never got the lock once it was free"
+    thread.join()
