@@ -191,3 +191,15 @@ def test_the_leftover_check_spares_a_rank_its_agent_is_starting(cluster):
     res = cluster.run(f"export CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_AGENT_STARTING_A_RANK}")
     assert res.returncode == 0, res.output
     assert [r.stdout for r in res.ranks] == ["spared\n"] * 2, res.output
+
+
+def test_runs_leave_no_job_cgroup_behind(cluster, request: pytest.FixtureRequest):
+    """Each rank's cgroup is made by its caller (the head's agent, a worker's agent server) and
+    removed once the rank is over (a worker's just after its exit status went out): a node
+    that has run many jobs holds the cgroup of the running one only."""
+    for _ in range(4):  # the first goes the old way (exec, ssh); then the agent servers
+        assert cluster.run("true").returncode == 0
+    own = "1" if request.node.callspec.params["cluster"] == "cgroup" else "0"  # the running job's
+    count = "n=$(ls /sys/fs/cgroup | grep -c '^psky-job-')"
+    res = cluster.run(f"for i in $(seq 250); do {count}; [ $n = {own} ] && break; sleep 0.02; done; echo $n")
+    assert [r.stdout.strip() for r in res.ranks] == [own, own], res.output

@@ -146,7 +146,9 @@ def _preload() -> None:
     import encodings.idna  # noqa: F401
     import threading  # noqa: F401
 
-    from pytest_sky.agent import fanout, rank, records  # noqa: F401
+    from pytest_sky.agent import fanout, rank, records  # noqa: F401 - fanout, records: preloaded
+
+    rank.cgroup_root()  # read once here, not by every fork
 
 
 def _read_line(conn: socket.socket, limit: int = 256) -> bytes:
@@ -199,11 +201,14 @@ def _answer(conn: socket.socket, door: bytes, run: Runner) -> int:
 
 
 def _exec_rank(conn: socket.socket, program: str, mark: str) -> None:
-    """Become the rank's supervisor, the connection its stdin and stdout (never returns)."""
-    from pytest_sky.agent.rank import RANK_SUPERVISOR
+    """Become the rank's supervisor, the connection its stdin and stdout (never returns); its
+    cgroup made here, named by its pid (this process's: it execs), and removed by it."""
+    from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup
 
     for fd in (0, 1):
         os.dup2(conn.fileno(), fd)
     conn.close()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as an sshd session's would be
-    os.execv("/bin/bash", ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, f"{EXIT_MARK} {mark}"])
+    cgroup = job_cgroup(str(os.getpid()))
+    argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, f"{EXIT_MARK} {mark}", cgroup, "1"]
+    os.execv("/bin/bash", argv)

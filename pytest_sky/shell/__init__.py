@@ -36,7 +36,8 @@ PID_MARK = "PSKY-PID"
 JOB_SCOPE_VAR = "PSKY_JOB_SCOPE"
 #: How a job's token starts (``psky-<supervisor pid>-<random>``).
 JOB_SCOPE_PREFIX = "psky-"
-#: How the name of a job's cgroup starts (``psky-job-<supervisor pid>``).
+#: How the name of a job's cgroup starts (``psky-job-<supervisor pid>``, or ``-<agent pid>-<n>``
+#: where the head's agent makes it).
 CGROUP_PREFIX = "psky-job-"
 
 #: The environment variable that tells a pod's bootstrap its rank (which host key is its own).

@@ -1,8 +1,9 @@
 #!/bin/bash
-# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM [MARK], run by
-# the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for the others by
-# their node's agent server (pytest_sky/agent/server.py, which passes MARK) or over
-# head-to-worker SSH.  A Python supervisor cost ~30 ms of interpreter start per node per
+# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM [MARK [CGROUP
+# [OWN]]], run by the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for
+# the others by their node's agent server (pytest_sky/agent/server.py, which passes MARK) or
+# over head-to-worker SSH.  CGROUP is the job's cgroup when the caller made it ("-": there is
+# none to make), OWN says that this script removes it; without CGROUP the script makes one.  A Python supervisor cost ~30 ms of interpreter start per node per
 # run, this costs ~3.
 #
 # PROGRAM runs in a session of its own, which prints its pid before anything else, even
@@ -27,9 +28,12 @@
 exec 3<&0
 stop=
 trap stop=1 USR1
-cg='' r=''
-while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
-[ -n "$r" ] && mkdir "$r/psky-job-$$" 2>/dev/null && cg=$r/psky-job-$$
+cg=${3:-} own=${4:-} r=''
+if [ "$cg" = - ]; then cg='' own=''
+elif [ -z "$cg" ]; then  # nobody made it (Python makes it without a process of its own)
+  while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
+  [ -n "$r" ] && mkdir "$r/psky-job-$$" 2>/dev/null && cg=$r/psky-job-$$ own=1
+fi
 tag=psky-$$-$RANDOM$RANDOM
 members() {  # the job's live processes, the script's own first (even before it has exec'd)
   m=
@@ -89,9 +93,10 @@ if [ -n "$stop" ]; then
 else
   signal KILL; settle 100 KILL; kill "$life"
 fi
-[ -z "$cg" ] || rmdir "$cg"
 } >/dev/null 2>&1
 # Started by a worker's agent server, which has no exit status to pass on: the output ends
 # with the mark it was given, then the status (every process of the job is gone by now).
 [ -z "$2" ] || printf '\n%s %s\n' "$2" "$((code & 255))"
+# The empty cgroup goes last, after the mark: the head need not wait for it.
+[ -z "$own" ] || rmdir "$cg" 2>/dev/null
 exit "$code"
