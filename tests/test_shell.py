@@ -65,8 +65,7 @@ SPELLED = {
         shell.PID_MARK,
         shell.JOB_SCOPE_VAR,
         shell.JOB_SCOPE_PREFIX,
-        shell.CGROUP_PREFIX,
-        shell.RUN_ARGV0,  # its own $0 is RANK_ARGV0, given by the agent's command line
+        shell.CGROUP_PREFIX,  # its own $0 is RANK_ARGV0, given by the agent's command line
     },
     shell.LEFTOVER_CHECK: {shell.JOB_SCOPE_VAR, shell.CGROUP_PREFIX, shell.RANK_ARGV0, shell.AGENT_BUNDLE},
     shell.POD_BOOTSTRAP: {shell.POD_RANK_VAR, shell.AGENT_BUNDLE},

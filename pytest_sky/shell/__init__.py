@@ -27,8 +27,6 @@ AGENT_PID_FILE = ".sky/agent.pid"
 #: ``$0`` of a rank supervisor (``bash -c SUPERVISOR psky-rank PROGRAM``): the leftover check
 #: tells a supervisor by it.
 RANK_ARGV0 = "psky-rank"
-#: ``$0`` of the bash that a supervisor starts in a session of its own to run the rank.
-RUN_ARGV0 = "psky-run"
 #: The first line a supervisor prints, followed by the pid of the rank's session leader.
 PID_MARK = "PSKY-PID"
 #: The environment variable that carries a job's token to each of its processes (where
@@ -50,7 +48,6 @@ MARKERS = (
     AGENT_BUNDLE,
     AGENT_PID_FILE,
     RANK_ARGV0,
-    RUN_ARGV0,
     PID_MARK,
     JOB_SCOPE_VAR,
     JOB_SCOPE_PREFIX,

@@ -3,8 +3,8 @@
 # [OWN]]], run by the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for
 # the others by their node's agent server (pytest_sky/agent/server.py, which passes MARK) or
 # over head-to-worker SSH.  CGROUP is the job's cgroup when the caller made it ("-": there is
-# none to make), OWN says that this script removes it; without CGROUP the script makes one.  A Python supervisor cost ~30 ms of interpreter start per node per
-# run, this costs ~3.
+# none to make), OWN says that this script removes it; without CGROUP the script makes one.
+# A Python supervisor cost ~30 ms of interpreter start per node per run, this costs ~3.
 #
 # PROGRAM runs in a session of its own, which prints its pid before anything else, even
 # when told to stop at once (a SIGTERM before that line is held until it is out, then
@@ -63,23 +63,28 @@ settle() {  # wait up to $1 ticks for the job to be gone; with $2, send it again
     sleep 0.05; i=$((i+1))
   done
 }
-started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd PROGRAM its
-  # arguments hold this shell's $0 (it is still our fork) or psky-run (its own script), and a
-  # TERM could end it before the trap that holds TERM is set: no pid line, no exit status.
-  # (Arguments that cannot be read yet count as not yet.)
+started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd setsid its
+  # arguments hold this shell's $0 (it is still our fork), and a TERM could end it before the
+  # trap that holds TERM is set: no pid line, no exit status.  (Arguments that cannot be
+  # read yet count as not yet.)
   i=0
   while [ $i -lt 200 ] && kill -0 "$pid" 2>/dev/null; do
     a='' n=0
-    while IFS= read -r -d '' a && [ "$a" != psky-run ] && [ "$a" != "$0" ]; do n=$((n + 1)); done \
-      <"/proc/$pid/cmdline" 2>/dev/null
-    [ "$a" = psky-run ] || [ "$a" = "$0" ] || [ "$n" -eq 0 ] || return 0
+    while IFS= read -r -d '' a && [ "$a" != "$0" ]; do n=$((n + 1)); done <"/proc/$pid/cmdline" 2>/dev/null
+    [ "$a" = "$0" ] || [ "$n" -eq 0 ] || return 0
     sleep 0.01; i=$((i+1))
   done
 }
-# shellcheck disable=SC2016  # the session's own script: it expands there, not here
-PSKY_JOB_SCOPE=$tag setsid /bin/bash -c 'trap t=1 TERM
-[ -z "$2" ] || { echo $$ >"$2/cgroup.procs" || rmdir "$2"; } 2>/dev/null
-echo "PSKY-PID $$"; trap - TERM; [ -z "$t" ] || exit 143; exec /bin/bash -c "$1"' psky-run "$1" "$cg" </dev/null 2>&1 &
+# The rank's session: a fork of this shell joins the job's cgroup and says its pid, then
+# becomes PROGRAM in a session of its own (setsid execs, not forks, in a process that leads
+# no process group), with the job's token in its environment.
+(
+  trap t=1 TERM
+  exec 3<&- </dev/null
+  [ -z "$cg" ] || { echo "$BASHPID" >"$cg/cgroup.procs" || rmdir "$cg"; } 2>/dev/null
+  echo "PSKY-PID $BASHPID"; trap - TERM; [ -z "$t" ] || exit 143
+  PSKY_JOB_SCOPE=$tag exec setsid /bin/bash -c "$1"
+) 2>&1 &
 pid=$!
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
 { while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100 KILL; } <&3 >/dev/null 2>&1 &
