@@ -48,11 +48,7 @@ _ATTRIBUTE_FIELDS = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "re
 
 def from_protobuf(data: bytes) -> dict[str, Any]:
     """A protobuf SelfSubjectAccessReview as the JSON body it stands for (its resource attributes)."""
-    if not data.startswith(PROTOBUF_MAGIC):
-        raise ApiError(415, "UnsupportedMediaType", "protobuf body without the k8s envelope")
-    unknown = _fields(data[len(PROTOBUF_MAGIC) :])  # runtime.Unknown: 2 is the object's bytes
-    review_fields = _fields(_one(unknown, 2))  # SelfSubjectAccessReview: 2 is its spec
-    spec = _fields(_one(review_fields, 2))  # SelfSubjectAccessReviewSpec: 1 is resourceAttributes
+    spec = _review_spec(data)  # SelfSubjectAccessReviewSpec: 1 is resourceAttributes
     if 1 not in spec:
         return {"spec": {}}
     attrs = _fields(_one(spec, 1))
@@ -62,11 +58,17 @@ def from_protobuf(data: bytes) -> dict[str, Any]:
 
 def rules_from_protobuf(data: bytes) -> dict[str, Any]:
     """A protobuf SelfSubjectRulesReview as the JSON body it stands for (its namespace)."""
+    spec = _review_spec(data)  # SelfSubjectRulesReviewSpec: 1 is namespace
+    return {"spec": {"namespace": _one(spec, 1).decode()}}
+
+
+def _review_spec(data: bytes) -> dict[int, list[bytes]]:
+    """The fields of a protobuf review's spec: both reviews are a ``runtime.Unknown`` whose
+    field 2 is the object's bytes, and in the object field 2 is its spec."""
     if not data.startswith(PROTOBUF_MAGIC):
         raise ApiError(415, "UnsupportedMediaType", "protobuf body without the k8s envelope")
-    review_fields = _fields(_one(_fields(data[len(PROTOBUF_MAGIC) :]), 2))  # 2: spec
-    spec = _fields(_one(review_fields, 2))  # SelfSubjectRulesReviewSpec: 1 is namespace
-    return {"spec": {"namespace": _one(spec, 1).decode()}}
+    unknown = _fields(data[len(PROTOBUF_MAGIC) :])
+    return _fields(_one(_fields(_one(unknown, 2)), 2))
 
 
 def _one(fields: dict[int, list[bytes]], number: int) -> bytes:

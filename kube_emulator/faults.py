@@ -34,6 +34,7 @@ run time through ``POST /emulator/faults`` with a JSON object of these keys; a k
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,3 +116,22 @@ class Faults:
         if kind == "image_pull":
             names += [c.get("image") or "" for c in pod["spec"].get("containers") or []]
         return any(fnmatch.fnmatchcase(n, g) for n in names for g in globs)
+
+
+class DroppableSession:
+    """What both port-forward forms (the Python client's websocket, kubectl's SPDY session)
+    hold for the two faults that cut them: the bytes that crossed, against
+    ``drop_portforward_after_bytes``, and ``dropped``, which ``drop_portforwards`` sets."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self.dropped = asyncio.Event()
+
+    def count(self, n: int) -> None:
+        self.bytes += n
+        if self.limit is not None and self.bytes >= self.limit:
+            self.drop()
+
+    def drop(self) -> None:
+        self.dropped.set()

@@ -280,9 +280,8 @@ class Authorizer:
     def allows(self, subject: Subject, req: Request) -> bool:
         """Whether some grant of ``subject``, its own or its bindings', allows ``req``
         (asked, not recorded)."""
-        if subject.grants is None:
-            return True
-        return any(g.allows(req) for g in subject.grants) or any(g.allows(req) for g in self.bound(subject.user))
+        grants = self.grants(subject)
+        return grants is None or any(g.allows(req) for g in grants)
 
     def authorize(self, subject: Subject, req: Request) -> None:
         """Raise :class:`Forbidden` unless some grant of ``subject`` allows ``req``."""

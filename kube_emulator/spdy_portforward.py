@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from kube_emulator import spdy
+from kube_emulator.faults import DroppableSession
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
 CHUNK = 32 * 1024
 
 Connect = Callable[[int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+Explain = Callable[[int, BaseException], str]
 
 
 def requested(request: web.Request) -> bool:
@@ -54,29 +56,18 @@ class _Pair:
     task: asyncio.Future[Any] | None = None
 
 
-class SpdyPortForward:
-    """One tunnelled session; ``dropped`` and :meth:`drop` as the websocket port-forward has
-    them, so the emulator's faults cut it the same way."""
+class SpdyPortForward(DroppableSession):
+    """One tunnelled session, cut by the emulator's faults as the websocket form is."""
 
-    def __init__(self, ws: web.WebSocketResponse, connect: Connect, describe: str, limit: int | None) -> None:
+    def __init__(self, ws: web.WebSocketResponse, connect: Connect, explain: Explain, limit: int | None) -> None:
+        super().__init__(limit)
         self.ws = ws
         self.connect = connect
-        self.describe = describe  # "pod NAME, uid UID", as the kubelet's messages name it
-        self.limit = limit
-        self.bytes = 0
-        self.dropped = asyncio.Event()
+        self.explain = explain  # the kubelet's words for a port it cannot reach
         self.codec = spdy.HeaderCodec()
         self.pairs: dict[str, _Pair] = {}
         self.streams: dict[int, str] = {}  # stream id -> request id
         self._send_lock = asyncio.Lock()
-
-    def drop(self) -> None:
-        self.dropped.set()
-
-    def count(self, n: int) -> None:
-        self.bytes += n
-        if self.limit is not None and self.bytes >= self.limit:
-            self.drop()
 
     async def forward(self) -> bool:
         """Serve until the client closes or a fault drops the session (True then)."""
@@ -118,7 +109,7 @@ class SpdyPortForward:
                     elif not await self._on_control(frame):
                         return
             except spdy.SpdyError as exc:
-                log.info("port-forward session of %s: %s", self.describe, exc)
+                log.info("a port-forward session broke the SPDY framing: %s", exc)
                 await self._send(spdy.goaway(max(self.streams, default=0)))
                 return
 
@@ -185,8 +176,7 @@ class SpdyPortForward:
         try:
             reader, pair.writer = await self.connect(pair.port)
         except (ConnectionError, OSError) as exc:
-            message = f"error forwarding port {pair.port} to {self.describe}: {exc}"
-            await self._send(spdy.data(pair.error, message.encode()))
+            await self._send(spdy.data(pair.error, self.explain(pair.port, exc).encode()))
             await self._finish(pair)
             return
         pending, pair.pending = b"".join(pair.pending), []

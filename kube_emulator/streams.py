@@ -37,6 +37,7 @@ from multidict import MultiDictProxy
 
 from kube_emulator import spdy_portforward
 from kube_emulator.api import ApiError
+from kube_emulator.faults import DroppableSession
 from kube_emulator.spdy_portforward import SpdyPortForward
 
 if TYPE_CHECKING:
@@ -356,17 +357,20 @@ async def handle_portforward(request: web.Request, cluster: Cluster, namespace: 
     """The Python client's websocket port-forward (ports in the query), or kubectl's SPDY
     session tunnelled through a websocket (:mod:`~kube_emulator.spdy_portforward`)."""
     limit = cluster.faults.drop_portforward_after_bytes
+    spdy_tunnel = spdy_portforward.requested(request)
+    ports = [] if spdy_tunnel else _ports(request.query)  # a bad query is a 400 before anything else
+    rt = _running(cluster, namespace, name, "port-forward to", None)
     session: PortForwardSession | SpdyPortForward
-    if spdy_portforward.requested(request):
-        rt = _running(cluster, namespace, name, "port-forward to", None)
+    if spdy_tunnel:
         ws = await _accept(request, (spdy_portforward.TUNNEL_PROTOCOL,))
         session = SpdyPortForward(
-            ws, lambda port: cluster.kubelet.entry.connect(rt, port), f"pod {rt.name}, uid {rt.uid}", limit
+            ws,
+            lambda port: cluster.kubelet.entry.connect(rt, port),
+            lambda port, exc: _forward_error(rt, port, exc),
+            limit,
         )
         forwarding = session.forward()
     else:
-        ports = _ports(request.query)
-        rt = _running(cluster, namespace, name, "port-forward to", None)
         ws = await _accept(request, PORTFORWARD_PROTOCOLS)
         session = PortForwardSession(ws, limit)
         forwarding = session.forward(cluster, rt, ports)
@@ -381,6 +385,14 @@ async def handle_portforward(request: web.Request, cluster: Cluster, namespace: 
         await session.close()
 
 
+def _forward_error(rt: PodRuntime, port: int, exc: BaseException) -> str:
+    """What the kubelet writes on a port-forward's error stream for a port it cannot reach."""
+    return (
+        f"error forwarding port {port} to pod {rt.uid}, uid : failed to execute portforward in "
+        f"network namespace of pod {rt.name}: {exc}"
+    )
+
+
 def _reset(transport: asyncio.BaseTransport | None) -> None:
     """Drop the connection with a TCP reset, as a load balancer or a restarting API server
     does: a plain close would let the client see an orderly end and spare its error paths."""
@@ -393,24 +405,14 @@ def _reset(transport: asyncio.BaseTransport | None) -> None:
     transport.abort()
 
 
-class PortForwardSession:
+class PortForwardSession(DroppableSession):
     """One port-forward WebSocket; kept in ``cluster.portforwards`` so a fault can drop it."""
 
     def __init__(self, ws: web.WebSocketResponse, limit: int | None) -> None:
+        super().__init__(limit)
         self.ws = ws
-        self.limit = limit
-        self.bytes = 0
-        self.dropped = asyncio.Event()
         self.writers: dict[int, asyncio.StreamWriter] = {}  # by the port's index in the request
         self.tasks: list[asyncio.Future[Any]] = []
-
-    def count(self, n: int) -> None:
-        self.bytes += n
-        if self.limit is not None and self.bytes >= self.limit:
-            self.drop()
-
-    def drop(self) -> None:
-        self.dropped.set()
 
     async def forward(self, cluster: Cluster, rt: PodRuntime, ports: list[int]) -> bool:
         """Forward until the client closes, every pod side closes, or a fault drops the
@@ -436,11 +438,7 @@ class PortForwardSession:
         try:
             reader, writer = await cluster.kubelet.entry.connect(rt, port)
         except (ConnectionError, OSError) as exc:
-            message = (
-                f"error forwarding port {port} to pod {rt.uid}, uid : failed to execute portforward in "
-                f"network namespace of pod {rt.name}: {exc}"
-            )
-            await self._send(2 * index + 1, message.encode())
+            await self._send(2 * index + 1, _forward_error(rt, port, exc).encode())
             return
         self.writers[index] = writer
         self.tasks.append(asyncio.ensure_future(self._pod_to_client(index, reader)))

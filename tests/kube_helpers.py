@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,21 @@ from kubernetes.stream import stream
 
 from kube_emulator import images
 from pytest_sky.doctor import link_owners, node_processes
+
+#: kubectl, the independent client the emulator is held to; None where it is not installed.
+KUBECTL = shutil.which("kubectl")
+NO_KUBECTL = "kubectl is not on PATH: apt-get install kubernetes-client"
+
+
+def run_kubectl(
+    kubeconfig: Path | str, *args: str, context: str | None = "kube-emulator", input: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """kubectl with ``kubeconfig`` (and ``context``: None leaves it to ``args``), as a user runs it."""
+    assert KUBECTL is not None, NO_KUBECTL
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    argv = [KUBECTL, *(["--context", context] if context else []), *args]
+    return subprocess.run(argv, input=input, capture_output=True, env=env, timeout=120, check=False)
+
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
 

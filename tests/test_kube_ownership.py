@@ -259,9 +259,10 @@ def test_a_record_from_before_launch_ids_is_torn_down_by_name_and_label(home: Pa
 def test_the_purge_hints_kubectl_command_removes_what_was_left(home: Path, emu: Emulator, tmp_path: Path):
     """``down --purge`` of a cluster whose kubeconfig is gone prints the kubectl command that
     removes its objects; run as printed (with the kubeconfig back), it removes exactly them."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not on PATH (Debian: apt install kubernetes-client)")
+    from tests.kube_helpers import KUBECTL, NO_KUBECTL, run_kubectl
+
+    if KUBECTL is None:
+        pytest.skip(NO_KUBECTL)
     config = tmp_path / "kubeconfig"
     shutil.copy(emu.kubeconfig_path, config)
     run = sky(home, config, "launch", "-c", "k8s-hint", "--kubernetes", "--num-nodes", "2")
@@ -273,7 +274,6 @@ def test_the_purge_hints_kubectl_command_removes_what_was_left(home: Path, emu: 
     command = line.split("`")[-2]  # the last one: the earlier names the missing kubeconfig's fix
     assert command.startswith("kubectl --context kube-emulator delete pod,secret,service -n default -l "), line
     assert len(ours(emu, "k8s-hint")) == 4  # two pods, the secret, the service
-    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
-    done = subprocess.run([kubectl, *command.split()[1:]], capture_output=True, text=True, env=env, timeout=120)
+    done = run_kubectl(emu.kubeconfig_path, *command.split()[1:], context=None)  # the context is in it
     assert done.returncode == 0, done.stdout + done.stderr
     assert ours(emu, "k8s-hint") == []

@@ -406,12 +406,10 @@ def test_a_client_certificate_user_launches_runs_and_tears_down_under_the_shippe
 def test_auth_can_i_answers_from_the_role_the_requests_are_checked_against(emu: Emulator) -> None:
     """``kubectl auth can-i`` (a SelfSubjectAccessReview) tells a user what their credentials
     may do before a launch fails half-way: the same Role, token or certificate alike."""
-    import shutil
-    import subprocess
 
     from kubernetes import client
 
-    from tests.kube_helpers import api_client
+    from tests.kube_helpers import KUBECTL, api_client, run_kubectl
 
     def can(context: str, verb: str, resource: str, subresource: str = "") -> bool:
         api = client.AuthorizationV1Api(api_client(emu.kubeconfig_path, context))
@@ -427,19 +425,11 @@ def test_auth_can_i_answers_from_the_role_the_requests_are_checked_against(emu: 
         assert can(context, "create", "pods", "portforward") or can(context, "get", "pods", "portforward")
         assert not can(context, "list", "nodes") and not can(context, "create", "configmaps"), context
     assert emu.decisions()[since:] == []  # asking is not doing
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
+    if KUBECTL is None:
         return  # the client's own review above is what kubectl sends
-    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
     for args, answer in ((["create", "pods"], "yes"), (["list", "nodes"], "no")):
-        run = subprocess.run(
-            [kubectl, "--context", ROLE_CONTEXT, "auth", "can-i", *args, "-n", "default"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        assert run.stdout.strip() == answer, (args, run.stdout, run.stderr)
+        run = run_kubectl(emu.kubeconfig_path, "auth", "can-i", *args, "-n", "default", context=ROLE_CONTEXT)
+        assert run.stdout.decode().strip() == answer, (args, run.stdout, run.stderr)
 
 
 def test_before_135_a_role_without_create_on_the_websockets_works(home: Path, emu134: Emulator) -> None:

@@ -11,7 +11,6 @@ validate what it sends.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +24,10 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import ROLE_CONTEXT, Emulator
 from pytest_sky.backends import kube_manifests as manifests
+from tests.kube_helpers import KUBECTL, NO_KUBECTL, run_kubectl
 
 REPO = Path(__file__).resolve().parent.parent
 RBAC = REPO / "examples" / "kubernetes" / "rbac.yaml"
-KUBECTL = shutil.which("kubectl")
 
 
 def _client_minor() -> int:
@@ -45,7 +44,7 @@ def _client_minor() -> int:
 
 
 pytestmark = [
-    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH: apt-get install kubernetes-client"),
+    pytest.mark.skipif(KUBECTL is None, reason=NO_KUBECTL),
     pytest.mark.skipif(
         KUBECTL is not None and _client_minor() < 31,
         reason="kubectl before 1.31 speaks raw SPDY and OpenAPI v2, which the emulator does not serve",
@@ -55,12 +54,8 @@ pytestmark = [
 
 def kubectl(emu: Emulator, *args: str, context: str = "kube-emulator", check: bool = True) -> str:
     """kubectl's output (stdout and stderr); a failure fails the test unless ``check`` is off."""
-    assert KUBECTL is not None
-    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
-    run = subprocess.run(
-        [KUBECTL, "--context", context, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
-    out = run.stdout + run.stderr
+    run = run_kubectl(emu.kubeconfig_path, *args, context=context)
+    out = (run.stdout + run.stderr).decode()
     if check:
         assert run.returncode == 0, f"kubectl {' '.join(args)}: {out}"
     return out
@@ -136,12 +131,8 @@ def test_exec_with_a_terminal_and_stdin(emu: Emulator, cluster: pytest_sky.Clust
     text = out.decode(errors="replace")
     assert re.search(r"\n/dev/pts/\d+\r?\n", text) and "rows=37" in text, text  # a terminal of the pod's
     assert os.waitstatus_to_exitcode(status) == 7, text
-    piped = subprocess.run(
-        [KUBECTL, "--context", "kube-emulator", "exec", "-i", f"{cluster.name}-worker1", "--", "wc", "-c"],
-        input=b"x" * 100_000,
-        capture_output=True,
-        env=env,
-        timeout=60,
+    piped = run_kubectl(
+        emu.kubeconfig_path, "exec", "-i", f"{cluster.name}-worker1", "--", "wc", "-c", input=b"x" * 100_000
     )
     assert piped.stdout.strip() == b"100000", piped
 

@@ -42,10 +42,13 @@ def check_permissions(client: KubeClient, *, shared_claim: bool) -> None:
     rules, or lists them incomplete, proves nothing missing: the launch goes on."""
     try:
         rules, complete = client.rules_review()
-        version = client.server_version()
+        # The newest rules ask the most; the version matters only if they are not all met.
+        lacking = kube_permissions.missing(rules, kube_permissions.needed(None, shared_claim=shared_claim))
+        if lacking and complete:
+            needed = kube_permissions.needed(client.server_version(), shared_claim=shared_claim)
+            lacking = kube_permissions.missing(rules, needed)
     except kube_client.ApiException:
         return
-    lacking = kube_permissions.missing(rules, kube_permissions.needed(version, shared_claim=shared_claim))
     if lacking and complete:
         raise BackendUnavailableError(kube_permissions.missing_line(client.context, client.namespace, lacking))
 
