@@ -110,6 +110,36 @@ def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, modul
     assert b"\nran\n" in right and right.rstrip().endswith(b"PSKY-EXIT m 0"), right
 
 
+def test_a_client_that_stalls_at_the_door_holds_up_no_one(cluster, module_home: Path) -> None:
+    """A server reads every handshake as its bytes come: a client silent after connecting, or
+    stopped halfway through its request line or its program, delays nobody else's rank; and
+    a request that comes in pieces, however it is cut, runs once it is whole."""
+    serve(cluster)
+    secret = door_secret((module_home / "clusters" / cluster.name / "id_ed25519").read_bytes())
+    worker = cluster.node_ips[1]
+    program = b"echo pieced"
+    stalled = [socket.create_connection((worker, AGENT_PORT), timeout=10) for _ in range(3)]
+    try:
+        greetings = [sock.recv(256) for sock in stalled]
+        whole = door_answer(secret, greetings[1], f"rank m {len(program)}") + program
+        line_end = whole.index(b"\n") + 1
+        stalled[1].sendall(whole[: line_end // 2])  # half its request line
+        partial = door_answer(secret, greetings[2], f"rank p {len(program)}")
+        stalled[2].sendall(partial + program[:4])  # its line, and part of its program
+        res = cluster.run(SERVED)
+        assert [r.stdout for r in res.ranks] == ["served\n"] * 3, res.output
+        stalled[1].sendall(whole[line_end // 2 :])
+        stalled[2].sendall(program[4:])
+        for sock, mark in ((stalled[1], b"m"), (stalled[2], b"p")):
+            out = b""
+            while chunk := sock.recv(65536):
+                out += chunk
+            assert b"\npieced\n" in out and out.rstrip().endswith(b"PSKY-EXIT " + mark + b" 0"), out
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
 def test_a_run_goes_the_old_way_when_a_server_is_gone(cluster) -> None:
     serve(cluster)
     kill = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] && exit 0; kill "$(cat ~/.sky/agent.pid)"')

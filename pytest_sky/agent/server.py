@@ -3,7 +3,8 @@
 Why: starting ``python -I -S agent.pyz`` costs the head ~20 ms of CPU on every run, and
 starting each worker's rank over head-to-worker ssh another ~17 ms per worker (an ssh client
 process, its multiplexing, a session on the worker's sshd).  A server that is already running
-forks for each request instead: ~1 ms.
+forks for a run instead (~1 ms), and spawns a worker's rank supervisor without even a fork of
+itself.
 
 Where it listens: TCP port :data:`~pytest_sky.protocol.AGENT_PORT` on every address of its
 node.  The client reaches the head's through its own SSH connection (a ``direct-tcpip``
@@ -32,10 +33,13 @@ stays silent (a network policy that lets only SSH through) gets its ranks over s
 
 from __future__ import annotations
 
+import itertools
 import os
+import select
 import signal
 import socket
 import sys
+import time
 
 from pytest_sky import shell
 from pytest_sky.agent import remote
@@ -96,8 +100,8 @@ def _detach() -> None:
 
 
 def _serve(run: Runner, told: int) -> None:
-    """Bind, then fork a child for every connection, for as long as the node lives; ``told``
-    is closed once the pid file is written (the starter waits for that)."""
+    """Bind, then answer every connection, for as long as the node lives; ``told`` is closed
+    once the pid file is written (the starter waits for that)."""
     door = secret()
     if door is None:
         return
@@ -117,25 +121,7 @@ def _serve(run: Runner, told: int) -> None:
     _preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    while True:
-        conn, _ = listener.accept()
-        if os.fork() == 0:
-            listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGHUP, signal.SIG_DFL)
-            try:
-                code = _answer(conn, door, run)
-            except BaseException:  # noqa: BLE001 - a child that fails leaves, and says why in the log
-                import traceback
-
-                traceback.print_exc()
-                code = 1
-            try:
-                sys.stdout.flush()
-            except OSError:
-                pass
-            os._exit(code)
-        conn.close()
+    _Doorman(listener, door, run).forever()
 
 
 def _preload() -> None:
@@ -151,64 +137,228 @@ def _preload() -> None:
     rank.cgroup_root()  # read once here, not by every fork
 
 
-def _read_line(conn: socket.socket, limit: int = 256) -> bytes:
-    """One line, and not a byte more (the request's payload follows it on the stream)."""
-    while True:
-        seen = conn.recv(limit, socket.MSG_PEEK)
-        end = seen.find(b"\n")
-        if end >= 0:
-            return conn.recv(end + 1)
-        if not seen or len(seen) >= limit:
-            return b""
+class _Caller:
+    """A connection still in its handshake, and what it has said so far."""
+
+    __slots__ = ("conn", "deadline", "mark", "need", "nonce", "program")
+
+    def __init__(self, conn: socket.socket, nonce: bytes) -> None:
+        self.conn = conn
+        self.nonce = nonce
+        self.deadline = time.monotonic() + HANDSHAKE_SECONDS
+        self.mark = ""  # a rank's: the nonce its exit line carries ("": its request is not in yet)
+        self.need = 0  # a rank's: the length of its program
+        self.program = b""
 
 
-def _read_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(min(n - len(data), 1 << 20))
-        if not chunk:
-            raise EOFError("the request was cut short")
-        data += chunk
-    return data
+class _Doorman:
+    """The server's one thread.  Each connection's handshake is read as its bytes come (a
+    client that stalls holds up nobody); then a rank's supervisor is spawned, with no fork
+    of this interpreter (a fork, its copy-on-write faults and its exec cost a worker ~1 ms of
+    CPU per rank per run, more than the supervisor itself), or a run's child is forked.  A
+    rank's cgroup is removed here once its supervisor is gone (a ``rmdir`` process per rank
+    cost as much again)."""
+
+    def __init__(self, listener: socket.socket, door: bytes, run: Runner) -> None:
+        self.listener = listener
+        self.door = door
+        self.run = run
+        self.epoll = select.epoll()
+        self.callers: dict[int, _Caller] = {}
+        #: A supervisor's pidfd: the cgroup its rank ran in, removed once it is readable.
+        self.cgroups: dict[int, str] = {}
+        self.pidfds = _pidfds_work()
+        self.made = itertools.count()
+        listener.setblocking(False)
+        self.epoll.register(listener.fileno(), select.EPOLLIN)
+
+    def forever(self) -> None:
+        while True:
+            for fd, _ in self.epoll.poll(self._timeout()):
+                try:
+                    self._event(fd)
+                except Exception:  # noqa: BLE001 - a failure ends that connection only, said in the log
+                    import traceback
+
+                    traceback.print_exc()
+                    if fd in self.callers:
+                        self._drop(self.callers[fd])
+            now = time.monotonic()
+            for caller in [c for c in self.callers.values() if c.deadline <= now]:
+                self._drop(caller)
+
+    def _timeout(self) -> float:
+        if not self.callers:
+            return -1
+        return max(0.0, min(c.deadline for c in self.callers.values()) - time.monotonic())
+
+    def _event(self, fd: int) -> None:
+        if fd == self.listener.fileno():
+            self._admit()
+        elif fd in self.cgroups:
+            self._release(fd)
+        elif fd in self.callers:
+            self._hear(self.callers[fd])
+
+    def _admit(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, ConnectionError):
+            return
+        nonce = os.urandom(16).hex().encode()
+        # Nagle would hold each event back until the last was acknowledged (a delayed ACK, up
+        # to 40 ms).  A head that vanishes without closing (its node killed, its link gone) is
+        # noticed as sshd's ClientAliveInterval 5 / ClientAliveCountMax 3 noticed it: the
+        # rank's lifeline then reads an error, and the rank is stopped.
+        keep_alive(conn, every=5, probes=3)
+        conn.setblocking(True)  # a new connection's buffer takes the greeting whole
+        try:
+            conn.sendall(GREETING + nonce + b"\n")
+        except OSError:
+            conn.close()
+            return
+        conn.setblocking(False)
+        self.callers[conn.fileno()] = _Caller(conn, nonce)
+        # Edge-triggered: a request line that came in part is looked at again when more comes,
+        # not in a loop meanwhile (it is peeked at, not read: a run's stdin follows it).
+        self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLET)
+
+    def _hear(self, caller: _Caller) -> None:
+        conn = caller.conn
+        if not caller.mark:
+            try:
+                seen = conn.recv(256, socket.MSG_PEEK)
+            except BlockingIOError:
+                return
+            end = seen.find(b"\n")
+            if end < 0:
+                if not seen or len(seen) >= 256:
+                    self._drop(caller)
+                return
+            request = door_request(self.door, caller.nonce, seen[: end + 1])
+            words = request.split(" ") if request is not None else []
+            conn.recv(end + 1)
+            if words == ["run"]:
+                self._fork_run(caller)
+                return
+            if len(words) != 3 or words[0] != "rank" or not words[2].isdigit() or not words[1]:
+                self._drop(caller)
+                return
+            caller.mark, caller.need = words[1], int(words[2])
+        while len(caller.program) < caller.need:
+            try:
+                chunk = conn.recv(min(caller.need - len(caller.program), 1 << 20))
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._drop(caller)
+                return
+            caller.program += chunk
+        self._spawn_rank(caller)
+
+    def _forget(self, caller: _Caller) -> socket.socket:
+        fd = caller.conn.fileno()
+        self.epoll.unregister(fd)
+        del self.callers[fd]
+        caller.conn.setblocking(True)
+        return caller.conn
+
+    def _drop(self, caller: _Caller) -> None:
+        self._forget(caller).close()
+
+    def _spawn_rank(self, caller: _Caller) -> None:
+        """The rank's supervisor, the connection its stdin (its lifeline) and stdout, in a
+        cgroup made here and named by this server and a count."""
+        from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup
+
+        conn = self._forget(caller)
+        cgroup = job_cgroup(f"{os.getpid()}-{next(self.made)}")
+        own = "" if self.pidfds else "1"  # who removes the cgroup: this server, else the supervisor
+        program = caller.program.decode()
+        argv = [
+            "/bin/bash",
+            "-c",
+            RANK_SUPERVISOR,
+            shell.RANK_ARGV0,
+            program,
+            f"{EXIT_MARK} {caller.mark}",
+            cgroup,
+            own,
+        ]
+        actions = [(os.POSIX_SPAWN_DUP2, conn.fileno(), 0), (os.POSIX_SPAWN_DUP2, conn.fileno(), 1)]
+        try:
+            # As an sshd session's would be: SIGPIPE, SIGCHLD and SIGHUP at their defaults.
+            defaults = (signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)
+            pid = os.posix_spawn("/bin/bash", argv, os.environ, file_actions=actions, setsigdef=defaults)
+        except OSError:
+            pid = 0
+        finally:
+            conn.close()
+        if cgroup != "-" and not own:
+            self._watch(pid, cgroup)
+
+    def _watch(self, pid: int, cgroup: str) -> None:
+        try:
+            pidfd = os.pidfd_open(pid) if pid else -1
+        except OSError:  # gone already
+            pidfd = -1
+        if pidfd < 0:
+            _remove(cgroup)
+            return
+        self.cgroups[pidfd] = cgroup
+        self.epoll.register(pidfd, select.EPOLLIN)
+
+    def _release(self, pidfd: int) -> None:
+        """A supervisor is gone (it killed whatever its rank left): its cgroup goes."""
+        self.epoll.unregister(pidfd)
+        os.close(pidfd)
+        _remove(self.cgroups.pop(pidfd))
+
+    def _fork_run(self, caller: _Caller) -> None:
+        """An attached run, exactly as ``agent.pyz run`` over an exec: a fork, the connection
+        its stdin and stdout (and its lifeline)."""
+        conn = self._forget(caller)
+        if os.fork():
+            conn.close()
+            return
+        code = 1
+        try:
+            # Nothing of the server's stays open in the run: another client's connection held
+            # here would never see its end.
+            self.epoll.close()
+            self.listener.close()
+            for fd in [*self.cgroups, *(c.conn.fileno() for c in self.callers.values())]:
+                os.close(fd)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            for fd in (0, 1):
+                os.dup2(conn.fileno(), fd)
+            conn.close()
+            remote.on_server = True
+            code = self.run()
+        except BaseException:  # noqa: BLE001 - a run that fails leaves, and says why in the log
+            import traceback
+
+            traceback.print_exc()
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
+        os._exit(code)
 
 
-def _answer(conn: socket.socket, door: bytes, run: Runner) -> int:
-    """One connection: the handshake, then its request."""
-    nonce = os.urandom(16).hex().encode()
-    # Nagle would hold each event back until the last was acknowledged (a delayed ACK, up to
-    # 40 ms).  A head that vanishes without closing (its node killed, its link gone) is
-    # noticed as sshd's ClientAliveInterval 5 / ClientAliveCountMax 3 noticed it: the rank's
-    # lifeline then reads an error, and the rank is stopped.
-    keep_alive(conn, every=5, probes=3)
-    conn.settimeout(HANDSHAKE_SECONDS)
-    conn.sendall(GREETING + nonce + b"\n")
-    request = door_request(door, nonce, _read_line(conn))
-    if request is None:
-        return 1
-    words = request.split(" ")
-    if words[0] == "rank" and len(words) == 3:
-        program = _read_exactly(conn, int(words[2])).decode()
-        conn.settimeout(None)
-        _exec_rank(conn, program, words[1])
-    if words[0] != "run":
-        return 2
-    conn.settimeout(None)
-    for fd in (0, 1):
-        os.dup2(conn.fileno(), fd)
-    conn.close()
-    remote.on_server = True
-    return run()
+def _pidfds_work() -> bool:
+    """Whether this kernel (and a pod's seccomp profile) lets the server watch its children
+    by pidfd (Linux 5.3); where not, each supervisor removes its own cgroup."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
-def _exec_rank(conn: socket.socket, program: str, mark: str) -> None:
-    """Become the rank's supervisor, the connection its stdin and stdout (never returns); its
-    cgroup made here, named by its pid (this process's: it execs), and removed by it."""
-    from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup
-
-    for fd in (0, 1):
-        os.dup2(conn.fileno(), fd)
-    conn.close()
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as an sshd session's would be
-    cgroup = job_cgroup(str(os.getpid()))
-    argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, f"{EXIT_MARK} {mark}", cgroup, "1"]
-    os.execv("/bin/bash", argv)
+def _remove(cgroup: str) -> None:
+    try:
+        os.rmdir(cgroup)
+    except OSError:
+        pass  # a process of the rank is still in it: the node's teardown removes it
