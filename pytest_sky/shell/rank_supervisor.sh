@@ -6,8 +6,8 @@
 # none to make), OWN says that this script removes it; without CGROUP the script makes one.
 # A Python supervisor cost ~30 ms of interpreter start per node per run, this costs ~3.
 #
-# PROGRAM runs in a session of its own, which prints its pid before anything else, even
-# when told to stop at once (a SIGTERM before that line is held until it is out, then
+# PROGRAM runs in a process group of its own, which prints its pid before anything else,
+# even when told to stop at once (a SIGTERM before that line is held until it is out, then
 # honoured); the supervisor waits and exits with PROGRAM's status.
 #
 # The job owns every process it starts, on every node, whatever sessions they make and
@@ -26,6 +26,10 @@
 # The names shared with Python (the pid line, the token's variable, the cgroup's name) are
 # pytest_sky.shell's constants; tests/test_shell.py checks the spelling here.
 exec 3<&0
+# The supervisor says nothing of its own: what bash would print (job control's notices that
+# a job is done) would reach a user's terminal through an exec'd run's channel, or an error
+# line that ssh's stderr carries.  PROGRAM's stderr joins its stdout (2>&1 below).
+exec 2>/dev/null
 stop=
 trap stop=1 USR1
 cg=${3:-} own=${4:-} r=''
@@ -63,9 +67,9 @@ settle() {  # wait up to $1 ticks for the job to be gone; with $2, send it again
     sleep 0.05; i=$((i+1))
   done
 }
-started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd setsid its
-  # arguments hold this shell's $0 (it is still our fork), and a TERM could end it before the
-  # trap that holds TERM is set: no pid line, no exit status.  (Arguments that cannot be
+started() {  # PROGRAM's group is past its pid line, or gone.  Until it exec'd PROGRAM's bash
+  # its arguments hold this shell's $0 (it is still our fork), and a TERM could end it before
+  # the trap that holds TERM is set: no pid line, no exit status.  (Arguments that cannot be
   # read yet count as not yet.)
   i=0
   while [ $i -lt 200 ] && kill -0 "$pid" 2>/dev/null; do
@@ -75,17 +79,20 @@ started() {  # PROGRAM's session is past its pid line, or gone.  Until it exec'd
     sleep 0.01; i=$((i+1))
   done
 }
-# The rank's session: a fork of this shell joins the job's cgroup and says its pid, then
-# becomes PROGRAM in a session of its own (setsid execs, not forks, in a process that leads
-# no process group), with the job's token in its environment.
+# The rank's process group: a fork of this shell, made with job control on (which gives a
+# background job a group of its own, led by it, before this shell goes on; no setsid
+# process: its exec cost each rank ~5% of a run's CPU), joins the job's cgroup and says its
+# pid, then becomes PROGRAM, with the job's token in its environment.
+set -m
 (
   trap t=1 TERM
   exec 3<&- </dev/null
   [ -z "$cg" ] || { echo "$BASHPID" >"$cg/cgroup.procs" || rmdir "$cg"; } 2>/dev/null
   echo "PSKY-PID $BASHPID"; trap - TERM; [ -z "$t" ] || exit 143
-  PSKY_JOB_SCOPE=$tag exec setsid /bin/bash -c "$1"
+  PSKY_JOB_SCOPE=$tag exec /bin/bash -c "$1"
 ) 2>&1 &
 pid=$!
+set +m
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
 { while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100 KILL; } <&3 >/dev/null 2>&1 &
 life=$!
