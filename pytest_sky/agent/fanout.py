@@ -96,8 +96,8 @@ def _run_phase(
     lock = threading.Lock()
     remaining = [len(ranks)]
 
-    def watch(r: Rank) -> None:
-        code = r.wait()
+    def ended(r: Rank) -> None:  # in the rank's own thread
+        code = r.code if r.code is not None else 137
         emitter.event(ExitEvent(r.rank, code, phase, round(time.time(), 3)))
         with lock:
             if code != 0 and not first_failure and not cancelled.is_set():
@@ -110,7 +110,7 @@ def _run_phase(
                 done.set()
 
     for r in ranks:
-        threading.Thread(target=watch, args=(r,), daemon=True).start()
+        r.start(ended)
     while not done.wait(0.2):
         if cancelled.is_set():
             for r in ranks:
