@@ -110,6 +110,20 @@ def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, modul
     assert b"\nran\n" in right and right.rstrip().endswith(b"PSKY-EXIT m 0"), right
 
 
+def test_each_rank_leads_a_process_group_and_its_supervisor_says_nothing(cluster) -> None:
+    """PROGRAM leads a process group of its own (a stop signals it whole), made with bash's
+    job control, whose notice that a job is done (printed now and then when the job is
+    quick) must never be written: a served rank's supervisor would write it into its
+    server's log, an exec'd run's into the channel that reaches the user."""
+    serve(cluster)
+    res = cluster.run('read -r _ _ _ _ group _ </proc/$$/stat; [ "$group" = $$ ] && echo leads')
+    assert [r.stdout for r in res.ranks] == ["leads\n"] * 3, res.output
+    for _ in range(15):  # 45 supervisors; before the fix about one in five wrote the notice
+        assert cluster.run("echo hi").returncode == 0
+    logs = cluster.run("cat ~/.sky/agent-server.log")
+    assert [r.stdout for r in logs.ranks] == [""] * 3, logs.output
+
+
 def test_a_client_that_stalls_at_the_door_holds_up_no_one(cluster, module_home: Path) -> None:
     """A server reads every handshake as its bytes come: a client silent after connecting, or
     stopped halfway through its request line or its program, delays nobody else's rank; and

@@ -134,26 +134,6 @@ def test_a_rank_told_to_stop_before_it_even_waits_is_stopped():
     assert proc.stdout.startswith("PSKY-PID ")
 
 
-def test_a_rank_leads_a_process_group_and_its_supervisor_prints_nothing_of_its_own():
-    """PROGRAM leads a process group of its own (the stop signals it whole); the supervisor
-    makes it with bash's job control, whose notice that a job is done (printed now and
-    then, when the job ends before job control is off again) must never reach stderr: an
-    exec'd run's channel or ssh's error line would carry it to the user."""
-    import subprocess
-
-    from pytest_sky.agent.rank import RANK_SUPERVISOR
-
-    def supervise(program: str) -> subprocess.CompletedProcess:
-        argv = ["/bin/bash", "-c", RANK_SUPERVISOR, "psky-rank", program, "", "-"]
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-
-    leads = supervise('read -r _ _ _ _ group _ </proc/$$/stat; [ "$group" = $$ ] && echo leads')
-    assert leads.stdout.splitlines()[1:] == ["leads"], leads.stdout
-    for _ in range(40):  # the notice came in about one run of five, with a program this quick
-        quick = supervise("echo hi")
-        assert (quick.stdout.splitlines()[1:], quick.stderr) == (["hi"], "")
-
-
 def test_a_process_that_keeps_forking_is_stopped_with_all_it_started(cluster):
     """The kill is repeated until nothing of the job is left: a child forked (or exec'd) while
     the supervisor read /proc was missed by a one-shot kill and outlived the run."""
