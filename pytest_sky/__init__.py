@@ -14,7 +14,7 @@ turns into the ``RunResult``.  Before that, ``lifecycle.provision`` had a backen
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, protocol, cluster_info, console, shell, registry, interrupts: leaves (registry imports
+0. errors, naming, procs, locks, protocol, cluster_info, console, shell, registry, interrupts: leaves (registry imports
    only errors)
 1. resources, task_file, task, script_files, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,

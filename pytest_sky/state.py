@@ -4,7 +4,7 @@ One directory per cluster under ``$PYTEST_SKY_HOME/clusters/<name>/`` holds ``re
 (who owns the cluster and, once it is up, its :class:`~pytest_sky.cluster_info.ClusterInfo`),
 the backend's journal (``backend.json``: what it made, written before it makes it) and the
 cluster's key material and SSH config.  Writers hold a lock on the state directory
-(:class:`StateLock`): pytest-xdist workers, the CLI and a reaping run may all touch records
+(:class:`~pytest_sky.locks.ReentrantFlock`): pytest-xdist workers, the CLI and a reaping run may all touch records
 at once.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pytest_sky import procs
 from pytest_sky.cluster_info import ClusterInfo
+from pytest_sky.locks import ReentrantFlock
 from pytest_sky.resources import Resources
 from pytest_sky.settings import state_home
 
@@ -149,44 +150,12 @@ class Journal:
         return data
 
 
-class StateLock:
-    """An exclusive ``flock`` on one file, held again freely by the thread that holds it.
-
-    Between processes and between threads (each thread opens the file itself, and two open
-    files of one process exclude each other as two processes do); reentrant within a thread,
-    because a locked step may call another.  The ``filelock`` package did the same and cost
-    every CLI call and pytest run ~16 ms of imports."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._held = threading.local()
-
-    def __enter__(self) -> None:
-        depth = getattr(self._held, "depth", 0)
-        if depth == 0:
-            import fcntl
-
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._held.fd = fd
-        self._held.depth = depth + 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._held.depth -= 1
-        if self._held.depth == 0:
-            os.close(self._held.fd)  # releases the lock
-
-
 class StateStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or home()
         (self.root / "clusters").mkdir(parents=True, exist_ok=True, mode=0o700)
         mark_top_directory(self.root / "clusters")
-        self._lock = StateLock(self.root / "state.lock")
+        self._lock = ReentrantFlock(self.root / "state.lock")
 
     @contextmanager
     def locked(self) -> Iterator[None]:

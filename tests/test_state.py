@@ -86,9 +86,9 @@ def test_the_state_lock_excludes_other_threads_and_lets_its_holder_in_again(tmp_
     every other thread and process."""
     import threading
 
-    from pytest_sky.state import StateLock
+    from pytest_sky.locks import ReentrantFlock
 
-    lock = StateLock(tmp_path / "state.lock")
+    lock = ReentrantFlock(tmp_path / "state.lock")
     entered = threading.Event()
 
     def other() -> None:

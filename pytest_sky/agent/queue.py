@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 from pytest_sky import procs
 from pytest_sky.agent.records import jobs_dir, update
+from pytest_sky.locks import flocked
 from pytest_sky.protocol import JobRecord, JobStatus, RunSpec
 
 BELL = "bell"  # the doorbell FIFO's name in a pending job's directory
@@ -114,10 +115,7 @@ class _Ledger:
     @contextlib.contextmanager
     def locked(self) -> Iterator[list[Entry]]:
         """The entries whose process lives; what the caller leaves in the list is written back."""
-        import fcntl
-
-        with open(self.path + ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with flocked(self.path + ".lock"):
             entries = [e for e in self._read() if e.alive()]
             yield entries
             tmp = f"{self.path}.{os.getpid()}.tmp"

@@ -14,6 +14,7 @@ import sys
 import time
 
 from pytest_sky import procs
+from pytest_sky.locks import flocked
 from pytest_sky.protocol import TERMINAL, Event, FailedPhase, JobRecord, JobStatus, RunSpec, decode_record, to_json
 
 
@@ -34,12 +35,9 @@ def job_dirs(which: str) -> list[str]:
 
 
 def _allocate_job(home: str, cluster: str) -> tuple[int, str, str]:
-    import fcntl
-
     jobs = os.path.join(home, ".sky", "jobs")
     os.makedirs(jobs, exist_ok=True)
-    with open(os.path.join(jobs, ".lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with flocked(os.path.join(jobs, ".lock")):
         counter = os.path.join(jobs, "last_id")
         try:
             with open(counter) as f:

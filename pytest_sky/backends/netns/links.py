@@ -7,7 +7,6 @@ request (``netlink``), whose answer says in an errno whether the name was taken.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import socket
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from pytest_sky.backends import netlink
 from pytest_sky.errors import ProvisionError
+from pytest_sky.locks import flocked
 
 #: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
 LINK_PREFIX = "psky"
@@ -104,12 +104,8 @@ def link_lock(*, exclusive: bool) -> Iterator[None]:
     other) and reapers (exclusive): a bridge without an owner seen under the exclusive lock
     is not being created, so its creator died between creating and naming it."""
     base = Path("/run/lock") if os.path.isdir("/run/lock") else Path(tempfile.gettempdir())
-    fd = os.open(base / "pytest-sky-links.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    with flocked(base / "pytest-sky-links.lock", exclusive=exclusive):
         yield
-    finally:
-        os.close(fd)
 
 
 def disable_forwarding(link: str) -> None:
