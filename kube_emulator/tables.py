@@ -223,83 +223,52 @@ def _event_cells(event: Obj) -> list[Any]:
     ]
 
 
+def _columns(*names: str, wide: tuple[str, ...] = ()) -> tuple[Column, ...]:
+    """String columns: ``names`` in every listing, ``wide`` in ``-o wide`` only (priority 1)."""
+    return tuple((name, "string", 0) for name in names) + tuple((name, "string", 1) for name in wide)
+
+
 _DEFAULT: Printer = (
     (("Name", "string", 0), ("Created At", "date", 0)),
     lambda o: [_name(o), o["metadata"].get("creationTimestamp")],
 )
 PRINTERS: dict[str, Printer] = {
     "pods": (
-        (
-            ("Name", "string", 0),
-            ("Ready", "string", 0),
-            ("Status", "string", 0),
-            ("Restarts", "string", 0),
-            ("Age", "string", 0),
-            ("IP", "string", 1),
-            ("Node", "string", 1),
-            ("Nominated Node", "string", 1),
-            ("Readiness Gates", "string", 1),
+        _columns(
+            "Name", "Ready", "Status", "Restarts", "Age", wide=("IP", "Node", "Nominated Node", "Readiness Gates")
         ),
         _pod_cells,
     ),
     "nodes": (
-        (
-            ("Name", "string", 0),
-            ("Status", "string", 0),
-            ("Roles", "string", 0),
-            ("Age", "string", 0),
-            ("Version", "string", 0),
-            ("Internal-IP", "string", 1),
-            ("External-IP", "string", 1),
-            ("OS-Image", "string", 1),
-            ("Kernel-Version", "string", 1),
-            ("Container-Runtime", "string", 1),
+        _columns(
+            "Name",
+            "Status",
+            "Roles",
+            "Age",
+            "Version",
+            wide=("Internal-IP", "External-IP", "OS-Image", "Kernel-Version", "Container-Runtime"),
         ),
         _node_cells,
     ),
     "services": (
-        (
-            ("Name", "string", 0),
-            ("Type", "string", 0),
-            ("Cluster-IP", "string", 0),
-            ("External-IP", "string", 0),
-            ("Port(s)", "string", 0),
-            ("Age", "string", 0),
-            ("Selector", "string", 1),
-        ),
+        _columns("Name", "Type", "Cluster-IP", "External-IP", "Port(s)", "Age", wide=("Selector",)),
         _service_cells,
     ),
     "namespaces": (
-        (("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)),
+        _columns("Name", "Status", "Age"),
         lambda o: [_name(o), (o.get("status") or {}).get("phase", ""), _created(o)],
     ),
     "secrets": (
-        (("Name", "string", 0), ("Type", "string", 0), ("Data", "string", 0), ("Age", "string", 0)),
+        _columns("Name", "Type", "Data", "Age"),
         lambda o: [_name(o), o.get("type", ""), str(len(o.get("data") or {})), _created(o)],
     ),
     "serviceaccounts": (
-        (("Name", "string", 0), ("Secrets", "string", 0), ("Age", "string", 0)),
+        _columns("Name", "Secrets", "Age"),
         lambda o: [_name(o), str(len(o.get("secrets") or [])), _created(o)],
     ),
-    "events": (
-        (
-            ("Last Seen", "string", 0),
-            ("Type", "string", 0),
-            ("Reason", "string", 0),
-            ("Object", "string", 0),
-            ("Message", "string", 0),
-        ),
-        _event_cells,
-    ),
+    "events": (_columns("Last Seen", "Type", "Reason", "Object", "Message"), _event_cells),
     "rolebindings": (
-        (
-            ("Name", "string", 0),
-            ("Role", "string", 0),
-            ("Age", "string", 0),
-            ("Users", "string", 1),
-            ("Groups", "string", 1),
-            ("ServiceAccounts", "string", 1),
-        ),
+        _columns("Name", "Role", "Age", wide=("Users", "Groups", "ServiceAccounts")),
         _binding_cells,
     ),
 }

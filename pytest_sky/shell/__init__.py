@@ -27,15 +27,16 @@ AGENT_PID_FILE = ".sky/agent.pid"
 #: ``$0`` of a rank supervisor (``bash -c SUPERVISOR psky-rank PROGRAM``): the leftover check
 #: tells a supervisor by it.
 RANK_ARGV0 = "psky-rank"
-#: The first line a supervisor prints, followed by the pid of the rank's session leader.
+#: The first line a supervisor prints, followed by the pid of the rank's process group leader.
 PID_MARK = "PSKY-PID"
 #: The environment variable that carries a job's token to each of its processes (where
 #: cgroups are read-only), and the leftover check's own token.
 JOB_SCOPE_VAR = "PSKY_JOB_SCOPE"
 #: How a job's token starts (``psky-<supervisor pid>-<random>``).
 JOB_SCOPE_PREFIX = "psky-"
-#: How the name of a job's cgroup starts (``psky-job-<supervisor pid>``, or ``-<agent pid>-<n>``
-#: where the head's agent makes it).
+#: How the name of a job's cgroup starts (``psky-job-<supervisor pid>`` where the supervisor
+#: makes it, ``-<agent pid>-<n>`` where the head's agent does, ``-<server pid>-<n>`` a worker's
+#: agent server).
 CGROUP_PREFIX = "psky-job-"
 
 #: The environment variable that tells a pod's bootstrap its rank (which host key is its own).
