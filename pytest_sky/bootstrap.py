@@ -213,7 +213,9 @@ def home_files(keys: ClusterKeys) -> HomeFiles:
 
 def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> HomeFiles:
     """Every peer by name and IP, with its host key: written once every address is known."""
-    entries = [ssh_config.HostEntry(alias=" ".join(node_names(cluster, n)), hostname=n.ip) for n in nodes]
+    entries = [
+        ssh_config.HostEntry(alias=" ".join(node_names(cluster, n)), hostname=n.ip, user=n.route.user) for n in nodes
+    ]
     cfg = ssh_config.render(
         entries,
         identity_file="~/.ssh/id_ed25519",
@@ -370,7 +372,9 @@ def write_client_files(
                 alias=alias,
                 hostname=r.hostname,
                 port=r.port,
+                user=r.user,
                 proxy_command=r.proxy_command,
+                proxy_fdpass=r.door is not None,
                 proxy_jump=r.proxy_jump,
                 host_key_alias=n.hostname,
             )

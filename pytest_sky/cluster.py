@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_sky import bootstrap, console, lifecycle, shell
-from pytest_sky.backends import get_backend
+from pytest_sky.backends import clusterns, get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
 from pytest_sky.cluster_info import ClusterInfo, SshRoute
@@ -422,10 +422,10 @@ class Cluster:
         if route.port_forward is not None:
             self._forward = kube_proxy.open_head(route.port_forward, route.dial_socket)
             sock = self._forward.socket
-        proxy = route.proxy_command if sock is None else None
-        return ssh_client.connect(
-            route.hostname, route.port, d / "id_ed25519", d / "known_hosts", sock=sock, proxy_command=proxy
-        )
+        elif route.door is not None:
+            sock = clusterns.dial(route.door, route.hostname, route.port)
+        keys, proxy = (d / "id_ed25519", d / "known_hosts"), route.proxy_command if sock is None else None
+        return ssh_client.connect(route.hostname, route.port, *keys, user=route.user, sock=sock, proxy_command=proxy)
 
 
 # ------------------------------------------------------------------------------ shared clusters

@@ -41,6 +41,12 @@ class SshRoute:
     #: The cluster's forwarder (``ssh.kube_forwarder``), which opens that port-forward for a
     #: client that asks it, so the client need not load the kubernetes client itself.
     dial_socket: str | None = None
+    #: Who logs in: root, or on a rootless local cluster the user who launched it.
+    user: str = "root"
+    #: A rootless local cluster's door (``backends.clusterns``): its holder connects to
+    #: ``hostname:port`` inside the cluster's network and hands back the socket.  The
+    #: ProxyCommand does the same and passes the socket to ssh (``ProxyUseFdpass``).
+    door: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SshRoute:

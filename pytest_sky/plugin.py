@@ -84,8 +84,10 @@ def settings_from(config: pytest.Config) -> Settings:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     """The effective settings, each with where it came from (option, environment, default)."""
+    from pytest_sky.backends import mode_of
+
     state = config.stash.get(_state_key, None)
-    return state.settings.describe() if state is not None else None
+    return state.settings.describe(mode_of(state.settings.backend)) if state is not None else None
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -241,13 +241,16 @@ class Settings:
                 sources["kube_image"] = TASK_SOURCE
         return replace(self, **changes, sources=sources), notes
 
-    def describe(self) -> str:
-        """One line for pytest's report header: each setting that applies, and its source."""
+    def describe(self, backend_mode: str = "") -> str:
+        """One line for pytest's report header: each setting that applies, and its source;
+        ``backend_mode`` is how the backend runs here (the local one: ``rootless``)."""
         parts = []
         for o in OPTIONS:
             if o.shown and o.backend in (None, self.backend):
                 value = getattr(self, o.name)
                 shown = o.unset if value is None and o.unset is not None else value
+                if o.name == "backend" and backend_mode:
+                    shown = f"{shown} ({backend_mode})"
                 parts.append(f"{o.name}={shown} (from {self.sources.get(o.name, 'default')})")
         return "pytest-sky: " + ", ".join(parts)
 

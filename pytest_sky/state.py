@@ -11,6 +11,7 @@ at once.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import enum
 import itertools
 import json
@@ -214,7 +215,7 @@ class StateStore:
         except FileNotFoundError:
             return
         except OSError:  # not renameable (a foreign mount inside?): deleted where it is
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(d)
             return
         _REMOVER.add(dest)
 
@@ -330,7 +331,7 @@ class _Remover:
 
     def _run(self, trash: Path) -> None:
         for stale in stale_trash(trash):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
         while True:
             with self._lock:
                 if not self._pending:
@@ -338,7 +339,7 @@ class _Remover:
                     return
                 path = self._pending.pop(0)
             started = time.perf_counter()
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             self.seconds += time.perf_counter() - started
 
     def drain(self) -> None:
@@ -351,6 +352,22 @@ class _Remover:
 
 
 _REMOVER = _Remover()
+
+
+def remove_tree(path: Path) -> None:
+    """Delete ``path`` and everything in it, as far as this process may.
+
+    A rootless node's overlay leaves its work directory at mode 000 (the kernel makes it so),
+    which its owner may delete but not look into: where the first pass leaves something,
+    every directory is made the owner's to read and search, and the second pass takes it."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(dirpath, name), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def drain_removals() -> float:

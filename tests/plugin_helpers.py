@@ -7,6 +7,7 @@ share these without importing each other.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +22,7 @@ def _local_backend_problem() -> str | None:
     from pytest_sky.errors import SkyError
 
     try:
-        netns.require_privileges()
+        netns.local_mode()  # root's, or rootless where the host allows it
         netns.require_tools()
     except SkyError as exc:
         return str(exc)
@@ -29,6 +30,9 @@ def _local_backend_problem() -> str | None:
 
 
 _PROBLEM = _local_backend_problem()
+#: This process runs the local backend rootless (an ordinary user): its nodes' processes are
+#: that user, not root, and it has no cgroups and no link on the host.
+ROOTLESS = os.geteuid() != 0
 needs_local_backend = pytest.mark.skipif(_PROBLEM is not None, reason=f"local backend unavailable: {_PROBLEM}")
 
 # Inner test files import nothing from this repository: this is pasted at the top of those that

@@ -18,7 +18,7 @@ import pytest
 
 import pytest_sky
 from pytest_sky import procs
-from pytest_sky.backends import netns
+from pytest_sky.backends import clusterns, netns
 from pytest_sky.errors import NotSupportedError, TaskError
 from pytest_sky.job import JobStatus
 from pytest_sky.state import StateStore
@@ -88,10 +88,13 @@ def probe(cluster, src: int, dst: int, port: int = 22, timeout: float = 2.0) -> 
     return probes(cluster, [(src, dst, port)], timeout)[0]
 
 
-def host_connect(ip: str, port: int, timeout: float) -> str:
-    """The host's own view of a node's port: "open", "refused" or "silent" (no answer)."""
+def host_connect(cluster, ip: str, port: int, timeout: float) -> str:
+    """The host's own view of a node's port: "open", "refused" or "silent" (no answer).  A
+    rootless cluster's nodes are reached through its door: the host has no route to them,
+    and a connection to their addresses would leave this machine."""
+    door = cluster.info.head.route.door
     try:
-        with socket.create_connection((ip, port), timeout=timeout):
+        with clusterns.dial(door, ip, port, timeout) if door else socket.create_connection((ip, port), timeout):
             return "open"
     except ConnectionRefusedError:
         return "refused"
@@ -137,8 +140,8 @@ def test_kill_node_fails_the_job_naming_the_rank_and_silences_the_node(cluster):
     # Every process of the node is gone at once, sshd included: nothing answers at its address.
     assert not procs.is_alive(node["pid"], node.get("start_time"))
     assert not procs.is_alive(node["init_pid"])
-    assert host_connect(cluster.node_ips[1], 22, timeout=1.0) == "silent"
-    assert host_connect(cluster.node_ips[2], 22, timeout=5.0) == "open"  # the others are untouched
+    assert host_connect(cluster, cluster.node_ips[1], 22, timeout=1.0) == "silent"
+    assert host_connect(cluster, cluster.node_ips[2], 22, timeout=5.0) == "open"  # the others are untouched
 
 
 def test_restart_node_keeps_name_ip_host_key_and_disk(cluster):
@@ -211,7 +214,7 @@ def test_degrade_loss_drops_packets_both_ways(network):
 
     def unanswered() -> int:  # a SYN to a closed port, or its reset, lost: no answer in time
         with ThreadPoolExecutor(tries) as pool:  # at once: each lost one waits out its timeout
-            seen = pool.map(lambda _: host_connect(ip, 9, timeout=0.25), range(tries))
+            seen = pool.map(lambda _: host_connect(cluster, ip, 9, timeout=0.25), range(tries))
             return sum(answer != "refused" for answer in seen)
 
     assert unanswered() == 0
@@ -239,12 +242,12 @@ def test_degrade_rate_caps_bandwidth_both_ways_and_heal_lifts_it(network):
     assert ssh_throughput(cluster, 1, 20, upload=False) > 3 * down
 
 
-def connect_ms(ip: str, tries: int = 7) -> list[float]:
+def connect_ms(cluster, ip: str, tries: int = 7) -> list[float]:
     """Round trips to a closed port (SYN out, reset back), in ms, sorted."""
     out = []
     for _ in range(tries):
         start = time.monotonic()
-        assert host_connect(ip, 9, timeout=3.0) == "refused"
+        assert host_connect(cluster, ip, 9, timeout=3.0) == "refused"
         out.append((time.monotonic() - start) * 1000)
     return sorted(out)
 
@@ -253,16 +256,16 @@ def test_degrade_delay_and_jitter_both_ways(network):
     cluster = network
     ip = cluster.node_ips[1]
     assert cluster.link_shaping == ("netem" if netns.netem_available() else "tbf+iptables+nfqueue")
-    assert connect_ms(ip)[3] < 20
+    assert connect_ms(cluster, ip)[3] < 20
     cluster.degrade(1, delay_ms=60)
-    held = connect_ms(ip)
+    held = connect_ms(cluster, ip)
     assert 115 <= held[3] <= 300, held  # 60 ms each way
     cluster.degrade(1, delay_ms=60, jitter_ms=50)
-    jittered = connect_ms(ip, tries=12)
+    jittered = connect_ms(cluster, ip, tries=12)
     assert jittered[-1] - jittered[0] > 25, jittered
     assert probe(cluster, 0, 1) == "open"  # the delayed link still carries the control path
     cluster.heal()
-    assert connect_ms(ip)[3] < 20
+    assert connect_ms(cluster, ip)[3] < 20
     if not netns.netem_available():  # the delayer went with the delay
         assert cluster.journal.load().get("delayers") == {}
 
@@ -296,9 +299,9 @@ def test_cli_faults_act_on_a_cluster_of_another_process(cluster, tmp_path):
     assert "partitions: none" in sky("heal").stdout
     assert probe(cluster, 2, 1) == "open"
     sky("kill", "worker1")
-    assert host_connect(cluster.node_ips[1], 22, timeout=1.0) == "silent"
+    assert host_connect(cluster, cluster.node_ips[1], 22, timeout=1.0) == "silent"
     sky("restart", "1")
-    assert host_connect(cluster.node_ips[1], 22, timeout=5.0) == "open"
+    assert host_connect(cluster, cluster.node_ips[1], 22, timeout=5.0) == "open"
     res = cluster.run("hostname")
     assert res.returncode == 0, res.output
     bad = subprocess.run(

@@ -16,6 +16,7 @@ import pytest_sky
 from pytest_sky.backends import netns
 from pytest_sky.errors import RunTimeoutError
 from pytest_sky.job import JobStatus
+from tests.plugin_helpers import ROOTLESS
 
 # Every way a process escapes its rank's process group: a new session, a subshell whose
 # parent exits at once (reparented to the node's init), nohup, a double fork.
@@ -30,6 +31,8 @@ STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started;
 @pytest.fixture(params=["cgroup", "fallback"])
 def cluster(request: pytest.FixtureRequest, home: Path):
     """Two nodes with writable cgroups (local nodes), or with none (as pods see them)."""
+    if request.param == "cgroup" and ROOTLESS:
+        pytest.skip("rootless nodes have no cgroups (none are the user's to give): the fallback runs")
     options = {"node_cgroups": "ro"} if request.param == "fallback" else {}
     c = pytest_sky.launch(num_nodes=2, name=f"tree-{request.param[:2]}-{os.getpid() % 10000}", backend_options=options)
     yield c
@@ -96,6 +99,7 @@ def test_torchrun_stops_its_workers_on_sigterm_before_the_kill(cluster):
     assert [r.stdout.strip() for r in res.ranks] == ["cleaned-0", "cleaned-1"]
 
 
+@pytest.mark.skipif(ROOTLESS, reason="rootless nodes have no cgroups: none are the user's to give")
 def test_nodes_have_cgroups_of_their_own_and_leave_none_behind(home: Path):
     root = netns.cgroup2_root()
     assert root is not None, "this host has no writable cgroup2 hierarchy (see /proc/mounts)"

@@ -97,8 +97,11 @@ def set_sysctls(sysctls: list[tuple[str, str]]) -> None:
     the node's own namespaces (a ``/proc/sys/net`` file is the opener's network namespace's),
     as a pod's ``securityContext.sysctls`` do."""
     for name, value in sysctls:
-        with open("/proc/sys/" + name.replace(".", "/"), "w") as f:
-            f.write(value)
+        try:
+            with open("/proc/sys/" + name.replace(".", "/"), "w") as f:
+                f.write(value)
+        except OSError as exc:
+            raise ConfineError(f"sysctl {name}={value}: {exc.strerror}") from None
 
 
 def capability_mask(names: list[str]) -> int:

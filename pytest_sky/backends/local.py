@@ -7,10 +7,15 @@ machine's (``layers/<rank>`` in the cluster's directory), so the nodes run the s
 tools as the test that launched them, while what one writes (``/tmp``, a ``pip install``)
 is its own, as on a real machine: never another node's, never the host's, and gone with
 the cluster.  Each has its own home, and none sees pytest-sky's state directory.
+
+Run by an ordinary user, the same clusters are rootless: each lives in a user namespace of
+the user's, held by its holder (``netns.userns``), its nodes run as the user and are reached
+through the holder's door (DESIGN.md section 5, "Rootless").
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -21,11 +26,11 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
-from pytest_sky.backends import netns, privileges
+from pytest_sky.backends import clusterns, netns, privileges
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.backends.local_journal import LocalJournal
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
-from pytest_sky.errors import ProvisionError, ResourcesError
+from pytest_sky.errors import NotSupportedError, ProvisionError, ResourcesError
 from pytest_sky.resources import Resources
 from pytest_sky.settings import DEFAULT_MTU
 from pytest_sky.ssh import sshd
@@ -65,17 +70,26 @@ def hosts_file(nodes: list[NodeInfo]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def passwd_with_home(home: str | Path = netns.NODE_HOME) -> str:
-    """The host's /etc/passwd with root's home moved: sshd takes home from getpwnam."""
+def passwd_with_home(home: str | Path = netns.NODE_HOME, user: str = "root") -> str:
+    """The host's /etc/passwd with ``user``'s home moved (root's, or a rootless node's
+    user's): sshd takes home from getpwnam."""
     out = []
     for line in Path("/etc/passwd").read_text().splitlines():
         fields = line.split(":")
-        if len(fields) >= 7 and fields[0] == "root":
+        if len(fields) >= 7 and fields[0] == user:
             fields[5] = str(home)
             fields[6] = "/bin/bash"
             line = ":".join(fields)
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def shadow_entry(user: str) -> str:
+    """A rootless node's ``/etc/shadow``: its user's entry, with no password (logins are by
+    key only) rather than the host's, which the user may not read.  An sshd that cannot read
+    the host's takes whatever the host's account database tells it, and calls an account
+    such as ``nobody`` locked."""
+    return f"{user}::{int(time.time() // 86400)}:0:99999:7:::\n"
 
 
 class LocalBackend(Backend):
@@ -113,9 +127,10 @@ class LocalBackend(Backend):
                 f"num_nodes={num_nodes} is more than the local backend's {MAX_NODES} nodes per cluster"
             )
         gpus.allocate(self.devices(), num_nodes, resources.accelerators)  # refuses what cannot fit
-        netns.require_privileges()
+        rootless = netns.local_mode() is netns.LocalMode.ROOTLESS
         netns.require_tools()
-        netns.check_forward_policy()
+        if not rootless:  # a rootless cluster's bridge is in its own namespace, where no rule is
+            netns.check_forward_policy()
 
     def has_gpus(self) -> bool:
         return bool(self.devices())
@@ -143,18 +158,32 @@ class LocalBackend(Backend):
             env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
         return env
 
+    @property
+    def rootless(self) -> bool:
+        """This process makes rootless clusters (it is not root: ``netns.local_mode``)."""
+        return netns.local_mode() is netns.LocalMode.ROOTLESS
+
     def create(self, config: ProvisionConfig) -> ClusterInfo:
         tools = netns.require_tools()
         journal = config.journal
-        index = self._lease_subnet(tools["ip"], str(config.cluster_dir))
+        if self.rootless:
+            _check_rootless(config, self.private_root)
+        holder = netns.start_holder(config.cluster_dir, self.mtu) if self.rootless else None
+        if holder is not None:  # its subnet is leased by the holder, its links in its namespace
+            index, bridge = holder.index, ""
+        else:
+            index = self._lease_subnet(tools["ip"], str(config.cluster_dir))
+            bridge = bridge_name(index)
         subnet, base = subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
-        state = LocalJournal(index=index, bridge=bridge_name(index), veths=veths)
+        state = LocalJournal(index=index, bridge=bridge, veths=veths, holder=holder)
         state.save(journal)
         try:
             shares = gpus.allocate(self.devices(), config.num_nodes, config.resources.accelerators)
             info = ClusterInfo(
-                nodes=tuple(self._node_info(config.name, r, f"{base}{2 + r}", shares) for r in range(config.num_nodes)),
+                nodes=tuple(
+                    self._node_info(config.name, r, f"{base}{2 + r}", shares, holder) for r in range(config.num_nodes)
+                ),
                 python=sys.executable,
                 env=self._forward_env(),
                 cloud=self.name,
@@ -175,25 +204,29 @@ class LocalBackend(Backend):
             state.home_files = sorted(config.home_files)
             state.save(journal)
             started = netns.start_nodes(
-                specs, bridge=bridge_name(index), prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools
+                specs, bridge=bridge, prefixlen=24, subnet=subnet, mtu=self.mtu, tools=tools, holder=holder
             )
             self._nodes[config.name] = started
             state.nodes = [netns.NodeRecord.of(n) for n in started]
             state.save(journal)
-            self._wait_ready(started)
+            _wait_ready(started, self.ready_timeout, holder)
             return info
         except BaseException:
             self.destroy(config.name, journal)
             raise
 
     @staticmethod
-    def _node_info(cluster: str, rank: int, ip: str, shares: list[str]) -> NodeInfo:
+    def _node_info(cluster: str, rank: int, ip: str, shares: list[str], holder: netns.Holder | None) -> NodeInfo:
+        route = SshRoute(hostname=ip)
+        if holder is not None:  # reached through its holder's door, as the user who launched it
+            proxy = netns.dial_command(holder.door, ip)
+            route = SshRoute(hostname=ip, proxy_command=proxy, user=netns.node_user()[0], door=holder.door)
         return NodeInfo(
             rank=rank,
             name=naming.node_name(rank),
             hostname=naming.node_hostname(cluster, rank),
             ip=ip,
-            route=SshRoute(hostname=ip),
+            route=route,
             env={"CUDA_VISIBLE_DEVICES": gpus.node_view(shares[rank])} if shares else {},
         )
 
@@ -217,6 +250,12 @@ class LocalBackend(Backend):
             for rank in range(len(state.nodes)):  # a node another process restarted is stopped too
                 self._node(name, state, rank)
         started = self._nodes.pop(name, None)
+        if state.holder is not None or not netns.holds_root_caps():  # rootless: no link on the host
+            if started is not None:
+                netns.stop_nodes(tools["ip"], started, host_links=False)
+            netns.reap_nodes(state.nodes, node_dirs=state.node_dirs)
+            netns.stop_holder(state.holder, journal.cluster_dir)
+            return
         # A launch interrupted between leasing its bridge and writing that down left no
         # journal entry for it; the bridge's alias still names this cluster's directory.
         bridge = state.bridge or netns.bridge_owned_by(str(journal.cluster_dir))
@@ -252,6 +291,8 @@ class LocalBackend(Backend):
             path = Path(owner)
             return path.parent == clusters_dir and not (path / "record.json").exists()
 
+        if self.rootless:  # nothing of a rootless cluster is on the host but its holder
+            return netns.reap_stray_holders(clusters_dir)
         with netns.link_lock(exclusive=True):
             doomed = [n for n in os.listdir("/sys/class/net") if stray(n)]
             if doomed:
@@ -269,8 +310,9 @@ class LocalBackend(Backend):
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
         """Every process of the node dies at once: its PID namespace's first process (the
         kernel kills the rest with it) and its cgroup; its veth goes with its namespace."""
-        node = self._node(name, LocalJournal.load(journal), rank)
-        netns.stop_nodes(netns.require_tools()["ip"], [node])
+        state = LocalJournal.load(journal)
+        node = self._node(name, state, rank)
+        netns.stop_nodes(netns.require_tools()["ip"], [node], host_links=state.holder is None)
         node.pid = node.init_pid = 0  # reaped: never signal these numbers again
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
@@ -291,12 +333,13 @@ class LocalBackend(Backend):
             subnet=subnet_of(state.index)[0],
             mtu=state.mtu or self.mtu,
             tools=tools,
+            holder=state.holder,
         )
         if name in self._nodes:
             self._nodes[name][rank] = started[0]
         state.nodes[rank] = netns.NodeRecord.of(started[0])
         state.save(journal)
-        self._wait_ready(started)
+        _wait_ready(started, self.ready_timeout, state.holder)
         faults = self.network_faults(journal)
         if faults:
             self.set_network_faults(name, journal, info, faults)
@@ -331,10 +374,14 @@ class LocalBackend(Backend):
             if old is not None:  # a queue has one owner: the old delayer goes first
                 netns.stop_delayer(old)
             if (d.delay_ms or d.jitter_ms) and not netem:
-                state.delayers[rank] = netns.start_delayer(node.init_pid, d.delay_ms, d.jitter_ms, node.log_path)
+                state.delayers[rank] = netns.start_delayer(
+                    node.init_pid, d.delay_ms, d.jitter_ms, node.log_path, state.holder
+                )
                 state.save(journal)  # on record before its rules send it packets
             mtu = state.mtu or self.mtu
-            netns.apply_link_faults(node.init_pid, share, netem=netem, mtu=mtu, ip=netns.require_tools()["ip"])
+            netns.apply_link_faults(
+                node.init_pid, share, netem=netem, mtu=mtu, ip=netns.require_tools()["ip"], holder=state.holder
+            )
         state.save(journal)
 
     def link_shaping(self) -> str:
@@ -393,6 +440,7 @@ class LocalBackend(Backend):
     ) -> list[netns.NodeSpec]:
         hosts = hosts_file(list(info.nodes))
         path_env = info.env["PATH"]
+        user = info.head.route.user  # root, or on a rootless cluster the user who launched it
         specs = []
         for node in info.nodes:
             root = config.cluster_dir / "nodes" / str(node.rank)
@@ -401,9 +449,12 @@ class LocalBackend(Backend):
             (root / "etc").mkdir(parents=True, mode=0o700)
             home = root / "home"
             home.mkdir(mode=0o700)
-            (root / "etc" / "passwd").write_text(passwd_with_home() if self.private_root else passwd_with_home(home))
+            (root / "etc" / "passwd").write_text(passwd_with_home(netns.NODE_HOME if self.private_root else home, user))
             (root / "etc" / "hosts").write_text(hosts)
             os.chmod(root / "etc" / "passwd", 0o644)
+            if info.head.route.door:
+                (root / "etc" / "shadow").write_text(shadow_entry(user))
+                os.chmod(root / "etc" / "shadow", 0o600)
             os.chmod(root / "etc" / "hosts", 0o644)
             host_key = root / "ssh_host_ed25519_key"
             write_private(host_key, config.keys.hosts[node.rank].private_openssh)
@@ -417,7 +468,8 @@ class LocalBackend(Backend):
                     ip=node.ip,
                     root=root,
                     veth=veth_name(index, node.rank),
-                    cgroup_mode=self.node_cgroups,
+                    # A user's cgroups are not theirs to give: a rootless node has none.
+                    cgroup_mode="" if info.head.route.door else self.node_cgroups,
                     # A machine of its own: its writes stay on it, and it sees no state of ours.
                     layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
                     hide=[config.cluster_dir.parent.parent] if self.private_root else [],
@@ -427,27 +479,46 @@ class LocalBackend(Backend):
             )
         return specs
 
-    def _wait_ready(self, started: list[netns.NodeProcess]) -> None:
-        """Every sshd has sent its banner: the real signal, no sleeps standing in for it."""
-        ready = [0]
 
-        def gone(i: int) -> str | None:
-            node = started[i]
-            return None if procs.is_alive(node.pid) else f"node exited: {netns.tail(node.log_path) or 'no output'}"
+def _wait_ready(started: list[netns.NodeProcess], timeout: float, holder: netns.Holder | None = None) -> None:
+    """Every sshd has sent its banner: the real signal, no sleeps standing in for it
+    (through the holder's door, for a rootless cluster's nodes)."""
+    ready = [0]
 
-        def counted(i: int) -> None:
-            ready[0] += 1
-            console.counter("nodes ready", ready[0], len(started))
+    def gone(i: int) -> str | None:
+        node = started[i]
+        return None if procs.is_alive(node.pid) else f"node exited: {netns.tail(node.log_path) or 'no output'}"
 
-        failed = wait_for_banners(
-            [(n.ip, 22) for n in started], deadline=time.monotonic() + self.ready_timeout, gone=gone, on_ready=counted
+    def counted(i: int) -> None:
+        ready[0] += 1
+        console.counter("nodes ready", ready[0], len(started))
+
+    opener = functools.partial(clusterns.dial, holder.door) if holder is not None else None
+    failed = wait_for_banners(
+        [(n.ip, 22) for n in started],
+        deadline=time.monotonic() + timeout,
+        gone=gone,
+        on_ready=counted,
+        opener=opener,
+    )
+    if failed:
+        i, why = min(failed.items())
+        node = started[i]
+        if why == NO_BANNER:
+            why = f"sshd sent no banner within {timeout:.0f} s: {netns.tail(node.log_path)}"
+        raise ProvisionError(f"node {node.hostname} did not come up: {why}")
+
+
+def _check_rootless(config: ProvisionConfig, private_root: bool) -> None:
+    """What a rootless node cannot be, said before anything starts: its processes are the
+    user's own, so it holds no capability to give, and its root is built of layers."""
+    if config.privileges:
+        raise NotSupportedError(
+            f"{config.privileges.describe()} asked for, and this user's local nodes run as the user, "
+            "not root: run pytest as root for the local backend, or use --kubernetes"
         )
-        if failed:
-            i, why = min(failed.items())
-            node = started[i]
-            if why == NO_BANNER:
-                why = f"sshd sent no banner within {self.ready_timeout:.0f} s: {netns.tail(node.log_path)}"
-            raise ProvisionError(f"node {node.hostname} did not come up: {why}")
+    if not private_root:
+        raise NotSupportedError("rootless local nodes always have a root filesystem of their own (private_root)")
 
 
 def _wipe(spec: netns.NodeSpec, home_files: list[str]) -> None:

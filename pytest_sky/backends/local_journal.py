@@ -36,6 +36,8 @@ class LocalJournal:
     nodes: list[netns.NodeRecord] = field(default_factory=list)  # by rank, once started
     faults: NetworkFaults = field(default_factory=NetworkFaults)  # what the network is told to be now
     delayers: dict[int, netns.Delayer] = field(default_factory=dict)  # by rank: nodes with a packet delayer
+    #: A rootless cluster's namespace holder (None: the cluster's links are the host's).
+    holder: netns.Holder | None = None
 
     @classmethod
     def load(cls, journal: Journal) -> LocalJournal:
@@ -64,6 +66,7 @@ class LocalJournal:
             "nodes": [n.to_json() for n in self.nodes],
             "faults": self.faults.to_json(),
             "delayers": {str(rank): d.to_json() for rank, d in sorted(self.delayers.items())},
+            "holder": self.holder.to_json() if self.holder is not None else None,
         }
 
     @classmethod
@@ -81,6 +84,7 @@ class LocalJournal:
             nodes=[netns.NodeRecord.from_json(n) for n in data.get("nodes") or []],
             faults=NetworkFaults.from_json(data.get("faults")),
             delayers={int(rank): netns.Delayer.from_json(d) for rank, d in (data.get("delayers") or {}).items()},
+            holder=netns.Holder.from_json(data["holder"]) if data.get("holder") else None,
         )
 
     def cgroup(self, rank: int) -> str:

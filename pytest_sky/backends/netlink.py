@@ -66,3 +66,23 @@ def string(kind: int, text: str) -> bytes:
 def request(sock: socket.socket, what: str, kind: int, flags: int, body: bytes) -> None:
     sock.send(message(kind, body, NLM_F_REQUEST | NLM_F_ACK | flags))
     check_ack(sock, what)
+
+
+def add_address(sock: socket.socket, index: int, ip: str, prefixlen: int) -> None:
+    """``ip addr add IP/PREFIXLEN dev <index>``."""
+    address = socket.inet_aton(ip)
+    body = struct.pack("=BBBBI", socket.AF_INET, prefixlen, 0, 0, index)
+    body += attr(IFA_LOCAL, address) + attr(IFA_ADDRESS, address)
+    request(sock, f"address {ip}/{prefixlen}", RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body)
+
+
+def subnet_route(sock: socket.socket, subnet: str, index: int, src: str) -> None:
+    """The subnet's route on link ``index``, from ``src``, with quickack (no delayed ACKs
+    between the cluster's machines): ``ip route replace SUBNET dev <index> src SRC quickack 1``."""
+    network, _, length = subnet.partition("/")
+    body = struct.pack(
+        "=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST, 0
+    )
+    body += attr(RTA_DST, socket.inet_aton(network)) + u32(RTA_OIF, index) + attr(RTA_PREFSRC, socket.inet_aton(src))
+    body += attr(RTA_METRICS, u32(RTAX_QUICKACK, 1))
+    request(sock, f"route {subnet} quickack", RTM_NEWROUTE, NLM_F_REPLACE, body)

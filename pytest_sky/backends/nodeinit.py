@@ -20,6 +20,12 @@ by their directories (``netns.node_processes``).
 
 It talks with the host over its stdin and stdout in ``nodeinit_protocol``'s messages: a
 Launch in, a Report out for each step of each node.
+
+Rootless (a plan with ``node_uid``), it runs as root of the cluster's user namespace (started
+there by the host, ``netns.userns``) and each node differs where the kernel makes it: a root
+of one layer per directory (:func:`_layer_tree`), the host's device files bound rather than
+made, and last a user namespace of the node's own in which its processes are the host's user
+(:func:`_become_node_user`).  DESIGN.md section 5, "Rootless", says why each.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ import functools
 import os
 import select
 import socket
-import struct
 import sys
 from collections.abc import Callable
 
@@ -50,6 +55,7 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 32, 1024, 2048
 MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
@@ -94,7 +100,7 @@ def bind(source: str, target: str, *, readonly: bool = False, recursive: bool = 
         mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
-def _overlay(layers: str, index: int, lower: str, target: str) -> None:
+def _overlay(layers: str, index: int | str, lower: str, target: str) -> None:
     """A copy-on-write view of ``lower`` whose writes land in layer ``index``."""
     opts = f"lowerdir={lower},upperdir={layers}/{index}/upper,workdir={layers}/{index}/work"
     mount(f"psky-layer{index}", target, "overlay", 0, opts)
@@ -103,6 +109,9 @@ def _overlay(layers: str, index: int, lower: str, target: str) -> None:
 def _layer_root(plan: NodePlan, root: str) -> None:
     """The node's ``/``: an overlay over the host's, and over each of its other mounts."""
     layers = plan.layers
+    if plan.node_uid >= 0:
+        _layer_tree(plan, root)
+        return
     try:
         _overlay(layers, 0, "/", root)
     except NodeInitError as exc:
@@ -132,10 +141,93 @@ def _layer_root(plan: NodePlan, root: str) -> None:
         bind(path, root + path, readonly=True)
 
 
+#: Top-level directories a node mounts for itself (a rootless root does not copy them): the
+#: host's ``naming.NODE_OWN_MOUNTS``, which this program, standard library only, cannot import.
+NODE_OWN_DIRS = ("dev", "proc", "run", "sys")
+
+
+def _layer_tree(plan: NodePlan, root: str) -> None:
+    """A rootless node's ``/``.  In a user namespace the kernel refuses an overlay whose lower
+    directory has mounts below it (they are locked to it), the host's ``/`` first of all; it
+    takes one over a directory with none.  So the root is a small tmpfs holding, for each
+    directory of the host's, an overlay where it can be one, or else a tmpfs copy of its
+    entries, made the same way one level down; then each of the host's other mounts.
+
+    A scratch directory below the top level (``/var/tmp``) gets an overlay of its own, over
+    its parent's: a file made in a directory of an overlay's lower layer first copies that
+    directory up, with its owner, which the user's namespace cannot name when it is root
+    (EOVERFLOW), while an overlay's own top directory is its upper layer, the user's.  A
+    scratch directory that cannot be one (mounts below it) is an empty tmpfs, as after a
+    reboot."""
+    mount("psky-root", root, "tmpfs", 0, "mode=755,size=16m")
+    _fill(plan, "/", root)
+    for path in plan.scratch:
+        if os.path.isdir(root + path) and not os.path.islink(root + path):
+            _overlay_or_bind(plan.layers, "top" + path.replace("/", "-"), path, root + path)
+    for index, mode, path in plan.submounts:
+        if os.path.isdir(path) and not os.path.lexists(root + path):
+            # Under a scratch directory of the node's own (an empty /tmp): a mount point there
+            # harms nothing; under a read-only one it cannot be made, and the mount stays out.
+            with contextlib.suppress(OSError):
+                os.makedirs(root + path)
+        if os.path.isdir(root + path) and not os.path.islink(root + path):
+            if mode == "rw":
+                _overlay_or_bind(plan.layers, str(index), path, root + path)
+            else:
+                bind(path, root + path, readonly=True)
+
+
+def _fill(plan: NodePlan, path: str, target: str) -> None:
+    """The entries of the host's directory ``path`` in ``target``, a directory of the node's
+    own tmpfs: links as they are, files bound read-only, directories as :func:`_layer_tree`
+    says (a mount point is left to it)."""
+    below = {p for _, _, p in plan.submounts}
+    for name in sorted(os.listdir(path)):
+        src, dst = os.path.join(path, name), f"{target}/{name}"
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif os.path.isdir(src):
+            os.mkdir(dst)
+            if (path == "/" and name in NODE_OWN_DIRS) or src in below:
+                continue
+            if not any(b.startswith(src + "/") for b in below):
+                _overlay_or_bind(plan.layers, "top" + src.replace("/", "-"), src, dst)
+            elif _scratch(src):
+                mount("psky-scratch", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            else:
+                _fill(plan, src, dst)
+        elif os.path.isfile(src):
+            open(dst, "w").close()
+            bind(src, dst, readonly=True)
+
+
+def _scratch(path: str) -> bool:
+    """Sticky and world-writable: everyone's scratch space, such as /tmp."""
+    return os.stat(path).st_mode & 0o1777 == 0o1777
+
+
+def _overlay_or_bind(layers: str, key: str, lower: str, target: str) -> None:
+    """An overlay whose upper layer (made here, by the node: an ordinary user cannot give it
+    another owner from the host) takes ``lower``'s mode; where the kernel refuses it, an
+    empty scratch directory for a scratch directory, else the host's, read-only."""
+    upper, work = f"{layers}/{key}/upper", f"{layers}/{key}/work"
+    try:
+        os.makedirs(upper, exist_ok=True)
+        os.makedirs(work, exist_ok=True)
+        os.chmod(upper, os.stat(lower).st_mode & 0o7777)
+        _overlay(layers, key, lower, target)
+    except (NodeInitError, OSError) as exc:
+        if _scratch(lower):
+            mount("psky-scratch", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            return
+        print(f"{exc}: {lower} read-only instead", file=sys.stderr)
+        bind(lower, target, readonly=True, recursive=True)
+
+
 def _private_root(plan: NodePlan, root: str) -> None:
     """The layers, then what a machine has of its own: devices, /proc, hidden paths, home."""
     _layer_root(plan, root)
-    _devices(plan.confinement, root)
+    _devices(plan.confinement, root, rootless=plan.node_uid >= 0)
     mount("psky-proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for hidden in plan.hide:
         target = root + hidden
@@ -162,7 +254,7 @@ DEV_LINKS = (
 )
 
 
-def _devices(confinement: confine.Confinement, root: str) -> None:
+def _devices(confinement: confine.Confinement, root: str, rootless: bool = False) -> None:
     """The node's ``/dev``: a tmpfs of its own with only the devices it is given (made like
     the host's: same type, numbers, mode and owner), a pts instance, shm and mqueue of its
     own, as a container runtime makes it; or, privileged, the host's."""
@@ -179,13 +271,18 @@ def _devices(confinement: confine.Confinement, root: str) -> None:
         for device, st in found:
             target = root + device
             os.makedirs(os.path.dirname(target), exist_ok=True)
+            if rootless:  # no mknod in a user namespace: the host's device file, bound in
+                open(target, "w").close()
+                bind(device, target)
+                continue
             os.mknod(target, st.st_mode, st.st_rdev)
             os.chown(target, st.st_uid, st.st_gid)
             os.chmod(target, st.st_mode & 0o7777)
         for name, points_to in DEV_LINKS:
             os.symlink(points_to, f"{dev}/{name}")
         os.mkdir(f"{dev}/pts")
-        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
+        tty = "" if rootless else ",gid=5"  # the tty group has no id in a user namespace of one uid
+        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620{tty}")
         os.mkdir(f"{dev}/mqueue")
         mount("mqueue", f"{dev}/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         os.mkdir(f"{dev}/shm")
@@ -239,6 +336,8 @@ def _mounts(plan: NodePlan) -> None:
     os.chmod(f"{root}/run/sshd", 0o755)
     bind(f"{plan.root}/etc/passwd", f"{root}/etc/passwd")
     bind(f"{plan.root}/etc/hosts", f"{root}/etc/hosts")
+    if os.path.exists(f"{plan.root}/etc/shadow"):  # a rootless node's own (see local.shadow_entry)
+        bind(f"{plan.root}/etc/shadow", f"{root}/etc/shadow")
     _resolver(plan, root)
     for source, target in plan.extra_mounts:
         # Never create directories on the host's disk: only in /run or in a private root.
@@ -293,34 +392,10 @@ def _network(plan: NodePlan, own: socket.socket) -> None:
     """``lo`` and ``eth0`` up, the node's address, and the subnet's route with quickack (no
     delayed ACKs between nodes): what ``ip`` would send, straight to the kernel."""
     lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
-    address = socket.inet_aton(plan.ip)
-    subnet, _, length = plan.subnet.partition("/")
     netlink.request(own, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
     netlink.request(own, "eth0 up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(eth0, up=True))
-    addr = struct.pack("=BBBBI", socket.AF_INET, plan.prefixlen, 0, 0, eth0)
-    addr += netlink.attr(netlink.IFA_LOCAL, address) + netlink.attr(netlink.IFA_ADDRESS, address)
-    netlink.request(
-        own, f"address {plan.ip}/{plan.prefixlen}", netlink.RTM_NEWADDR, netlink.NLM_F_CREATE | netlink.NLM_F_EXCL, addr
-    )
-    route = struct.pack(
-        "=BBBBBBBBI",
-        socket.AF_INET,
-        int(length),
-        0,
-        0,
-        netlink.RT_TABLE_MAIN,
-        netlink.RTPROT_KERNEL,
-        netlink.RT_SCOPE_LINK,
-        netlink.RTN_UNICAST,
-        0,
-    )
-    route += (
-        netlink.attr(netlink.RTA_DST, socket.inet_aton(subnet))
-        + netlink.u32(netlink.RTA_OIF, eth0)
-        + netlink.attr(netlink.RTA_PREFSRC, address)
-    )
-    route += netlink.attr(netlink.RTA_METRICS, netlink.u32(netlink.RTAX_QUICKACK, 1))
-    netlink.request(own, f"route {plan.subnet} quickack", netlink.RTM_NEWROUTE, netlink.NLM_F_REPLACE, route)
+    netlink.add_address(own, eth0, plan.ip, plan.prefixlen)
+    netlink.subnet_route(own, plan.subnet, eth0, plan.ip)
 
 
 def _pivot(root: str) -> None:
@@ -340,8 +415,8 @@ def _say(report: Report) -> None:
 def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket) -> None:
     """The node's pid 1: mounts, link, address, root, then sshd (or the pod's command)."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
-    with open("/proc/sys/kernel/hostname", "w") as f:
-        f.write(plan.hostname)
+    name = plan.hostname.encode()
+    _check(_libc.sethostname(name, len(name)), "sethostname")  # /proc/sys is root's, even in a user namespace
     _mounts(plan)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
         _link(plan, host_netns, host_sock, own)
@@ -356,11 +431,32 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
         _pivot(root)
     _say(Report(Stage.CONFIGURED, index))
     os.close(KEEPER_UP)
+    if plan.node_uid >= 0:  # first: a process whose capabilities were cut may not map its uid
+        _become_node_user(plan)
     confine.drop_privileges(plan.confinement)
     env = {"PATH": plan.path, **plan.env}
     if plan.command:
         os.execve("/bin/sh", ["/bin/sh", "-c", "exec " + plan.command], env)
     os.execve(plan.sshd, [plan.sshd, *plan.sshd_args, "-f", f"{plan.root}/sshd_config"], env)
+
+
+def _become_node_user(plan: NodePlan) -> None:
+    """Rootless: the node's processes are the host's user, in a user namespace of the node's
+    own.  Root of the cluster's namespace holds every uid of one (OpenSSH's sshd, run as
+    root, drops to its privilege-separation user, whose uid no namespace of one uid has),
+    so sshd runs as that user, as an ordinary user's sshd does, and holds nothing over the
+    node's namespaces; the host's user and the cluster's root are one uid, so the files of
+    the node (its home, its layers) are the user's on the host."""
+    _check(_libc.unshare(CLONE_NEWUSER), "unshare(user)")
+    maps = (("setgroups", "deny"), ("uid_map", f"{plan.node_uid} 0 1"), ("gid_map", f"{plan.node_gid} 0 1"))
+    for name, text in maps:
+        try:
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise NodeInitError(f"write {text!r} to /proc/self/{name}: {exc.strerror}") from None
+    # A change of credentials clears the parent-death signal: set it again.
+    _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
 
 
 def _keeper(index: int, plan: NodePlan, up: int) -> None:

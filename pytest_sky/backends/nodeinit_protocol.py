@@ -58,6 +58,14 @@ class NodePlan:
     submounts: list[tuple[int, str, str]] = field(default_factory=list)  # (layer, "rw"|"ro", path)
     hide: list[str] = field(default_factory=list)  # absent on the node: directories covered, files removed
     node_home: str = ""
+    #: Rootless (the host's user is root only in the cluster's user namespace): the host's
+    #: uid and gid, which the node's processes take in a user namespace of the node's own
+    #: (-1: the host is root, and so is the node).
+    node_uid: int = -1
+    node_gid: int = -1
+    #: Rootless: the host's scratch directories below the top level (sticky and
+    #: world-writable, such as /var/tmp), each given a layer of its own (``nodeinit._layer_tree``).
+    scratch: list[str] = field(default_factory=list)
     extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
     shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
     veth: str = ""  # the host's end of the node's link (the node's own end is eth0)

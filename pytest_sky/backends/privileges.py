@@ -24,6 +24,7 @@ container that is not privileged:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,3 +185,17 @@ def confinement(
 def for_node(privileges: Privileges = NONE_ASKED, devices: Sequence[str] = ()) -> Confinement:
     """A node of ours: what its pod would get on Kubernetes."""
     return confinement(pod_security_context(), container_security_context(privileges), devices)
+
+
+#: The sysctl whose value names groups, and the one group a rootless cluster's namespaces map
+#: (gid 0 there: the user's own group on the host).
+PING_GROUP_RANGE = "net.ipv4.ping_group_range"
+ROOTLESS_PING_GROUPS = "0 0"
+
+
+def rootless(confined: Confinement) -> Confinement:
+    """``confined`` for a rootless node: the same, but a group range that names only the
+    groups its namespaces map (the kernel refuses any other, and the node's processes are in
+    that one group)."""
+    sysctls = [(n, ROOTLESS_PING_GROUPS if n == PING_GROUP_RANGE else v) for n, v in confined.sysctls]
+    return dataclasses.replace(confined, sysctls=sysctls)

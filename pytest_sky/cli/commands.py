@@ -259,10 +259,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     missing = [n for n in args.names if n not in {r.name for r in records}]
     for name in missing:
         print(f"Cluster {name!r} not found.")
-    rows = []
+    rows, modes = [], []
     for r in records:
         if args.names and r.name not in args.names:
             continue
+        # A rootless local cluster (reached through its namespace holder's door) says so.
+        modes.append(" (rootless)" if r.info and r.info.head.route.door else "")
         word = r.status.sky_word if not args.json else str(r.status)
         status = word if (r.keep or owner_alive(r)) else f"{word} (owner gone)"
         rows.append(
@@ -285,7 +287,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("No existing clusters.")
         return 0
     headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
-    console.table(headers, [[str(row[h.lower()]) for h in headers] for row in rows])
+    table = [
+        [str(row[h.lower()]) + (mode if h == "BACKEND" else "") for h in headers]
+        for row, mode in zip(rows, modes, strict=True)
+    ]
+    console.table(headers, table)
     return 0
 
 

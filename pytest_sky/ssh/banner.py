@@ -28,10 +28,13 @@ def wait_for_banners(
     deadline: float,
     gone: Callable[[int], str | None] = lambda i: None,
     on_ready: Callable[[int], None] = lambda i: None,
+    opener: Callable[[str, int], socket.socket] | None = None,
 ) -> dict[int, str]:
     """Dial each address until it sends ``SSH-``; returns ``{index: why not}`` for those
     that never did by ``deadline`` (``time.monotonic``), or whose ``gone(index)`` said why
-    they never will (the node exited).  ``on_ready(index)`` runs as each answers."""
+    they never will (the node exited).  ``on_ready(index)`` runs as each answers.
+    ``opener(host, port)``, where the host cannot dial the address itself (a rootless
+    cluster's door), returns a connected socket or raises OSError with the connect's errno."""
     failed: dict[int, str] = {}
     retry: list[tuple[float, float, int]] = [(0.0, 0.001, i) for i in range(len(addresses))]
     dialling: list[int] = []
@@ -45,13 +48,12 @@ def wait_for_banners(
                 if why is not None:
                     failed[i] = why
                     continue
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                rc = sock.connect_ex(addresses[i])
-                if rc in (0, errno.EINPROGRESS):
+                sock, rc = _dial(addresses[i], opener)
+                if sock is not None and rc in (0, errno.EINPROGRESS):
                     sel.register(sock, selectors.EVENT_READ, (i, delay))
                     continue
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 if rc not in RETRY_ERRNOS:
                     failed[i] = f"connect to {addresses[i][0]}:{addresses[i][1]}: {errno.errorcode.get(rc, rc)}"
                     continue
@@ -69,6 +71,22 @@ def wait_for_banners(
     for i in [i for _, _, i in retry] + dialling:
         failed.setdefault(i, NO_BANNER)
     return failed
+
+
+def _dial(
+    address: tuple[str, int], opener: Callable[[str, int], socket.socket] | None
+) -> tuple[socket.socket | None, int]:
+    """A socket dialling ``address`` (not blocking), and the connect's errno so far."""
+    if opener is not None:
+        try:
+            sock = opener(*address)
+        except OSError as exc:
+            return None, exc.errno or errno.EIO
+        sock.setblocking(False)
+        return sock, 0
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock, sock.connect_ex(address)
 
 
 def _answered(

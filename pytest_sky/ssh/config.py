@@ -32,6 +32,7 @@ class HostEntry:
     proxy_command: str | None = None
     proxy_jump: str | None = None
     host_key_alias: str | None = None  # check the host key under this name, whatever we dial
+    proxy_fdpass: bool = False  # the ProxyCommand hands ssh a connected socket and exits
 
 
 def _common(identity_file: str, known_hosts: str, control_path: str | None, control_master: str) -> list[str]:
@@ -89,6 +90,8 @@ def render(
         out.append(f"  User {e.user}")
         if e.proxy_command:
             out.append(f"  ProxyCommand {e.proxy_command}")
+        if e.proxy_command and e.proxy_fdpass:
+            out.append("  ProxyUseFdpass yes")
         if e.proxy_jump:
             out.append(f"  ProxyJump {e.proxy_jump}")
         if e.host_key_alias:

@@ -31,6 +31,8 @@ The package, by concern (each module imports only those above it in this list):
 - ``links``: the bridge, veth names, link groups and aliases, and their deletion
 - ``cgroups``: a cgroup per node on the host, and killing through it
 - ``preflight``: the programs, privileges and FORWARD policy a host needs
+- ``userns``: rootless clusters: which mode runs, and each cluster's namespace holder
+  (``clusterns.py``), in whose user and network namespaces its nodes start
 - ``output``: reading a helper's stdout by a deadline, tailing a node's log
 - ``reap``: stopping nodes, by pid, cgroup or command line
 - ``plans``: each node's ``NodePlan`` (and its layers' directories), made on the host
@@ -100,11 +102,26 @@ from pytest_sky.backends.netns.preflight import (
 )
 from pytest_sky.backends.netns.reap import kill_and_wait, node_processes, reap_nodes, stop_nodes
 from pytest_sky.backends.netns.spawn import NODE_INIT, start_nodes
+from pytest_sky.backends.netns.userns import (
+    HOLDER_MARKER,
+    Holder,
+    LocalMode,
+    dial_command,
+    holder_processes,
+    holds_root_caps,
+    local_mode,
+    node_user,
+    reap_stray_holders,
+    start_holder,
+    stop_holder,
+    userns_problem,
+)
 
 __all__ = [
     "DELAY_CHAIN",
     "DELAY_QUEUE",
     "FAULT_CHAINS",
+    "HOLDER_MARKER",
     "LINK_GROUP_BASE",
     "LINK_PREFIX",
     "NODE_EXIT",
@@ -113,7 +130,9 @@ __all__ = [
     "NODE_LOG",
     "NODE_PATH",
     "Delayer",
+    "Holder",
     "LinkFaults",
+    "LocalMode",
     "NodeProcess",
     "NodeRecord",
     "NodeSpec",
@@ -124,9 +143,12 @@ __all__ = [
     "create_bridge",
     "delete_cluster_links",
     "delete_links",
+    "dial_command",
     "disable_forwarding",
     "fault_tools",
     "forward_policy_problem",
+    "holder_processes",
+    "holds_root_caps",
     "host_submounts",
     "ip_batch",
     "iptables_rules",
@@ -136,13 +158,16 @@ __all__ = [
     "link_exists",
     "link_group",
     "link_lock",
+    "local_mode",
     "netem_available",
     "node_cgroup",
     "node_mac",
     "node_processes",
+    "node_user",
     "orphaned_cgroups",
     "prepare_layers",
     "reap_nodes",
+    "reap_stray_holders",
     "require_privileges",
     "require_tools",
     "routed_networks",
@@ -150,8 +175,11 @@ __all__ = [
     "shaping_commands",
     "signal_cgroups",
     "start_delayer",
+    "start_holder",
     "start_nodes",
     "stop_delayer",
+    "stop_holder",
     "stop_nodes",
     "tail",
+    "userns_problem",
 ]

@@ -14,6 +14,7 @@ from pytest_sky import procs
 from pytest_sky.backends.netns.output import await_line
 from pytest_sky.backends.netns.preflight import fault_tools
 from pytest_sky.backends.netns.reap import child_pid, kill_and_wait
+from pytest_sky.backends.netns.userns import Holder, holds_root_caps
 from pytest_sky.errors import SkyError
 from pytest_sky.protocol import AGENT_PORT
 
@@ -24,8 +25,10 @@ def netem_available() -> bool:
     network namespace's loopback (many kernels, this one's too, are built without it)."""
     tools = fault_tools()
     tc = tools["tc"]
+    # An ordinary user's throwaway namespace is a user namespace's, as a rootless node's is.
+    user = [] if holds_root_caps() else ["--user", "--map-root-user"]
     proc = subprocess.run(
-        [tools["unshare"], "--net", tc, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        [tools["unshare"], *user, "--net", tc, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
         capture_output=True,
         timeout=30,
         check=False,
@@ -115,7 +118,20 @@ def shaping_commands(faults: LinkFaults, *, netem: bool, mtu: int) -> list[str]:
     ]
 
 
-def apply_link_faults(init_pid: int, faults: LinkFaults, *, netem: bool, mtu: int, ip: str) -> None:
+def enter_node(init_pid: int, holder: Holder | None, *, pid: bool = False) -> list[str]:
+    """The argv prefix that runs a program in the node's network namespace (and its PID
+    namespace, with ``pid``), with the power to change it: root's, or on a rootless
+    cluster that of root of the cluster's user namespace, which owns the node's."""
+    nsenter = fault_tools()["nsenter"]
+    if holder is None:
+        return [nsenter, "-t", str(init_pid), "-n", *(["-p"] if pid else [])]
+    spaces = [f"--net=/proc/{init_pid}/ns/net", *([f"--pid=/proc/{init_pid}/ns/pid"] if pid else [])]
+    return holder.enter(*spaces)
+
+
+def apply_link_faults(
+    init_pid: int, faults: LinkFaults, *, netem: bool, mtu: int, ip: str, holder: Holder | None = None
+) -> None:
     """Make ``faults`` the network state of the node whose first process is ``init_pid``,
     inside its network namespace (one shell there: iptables, tc and ip as the host has them)."""
     tools = fault_tools()
@@ -143,7 +159,7 @@ def apply_link_faults(init_pid: int, faults: LinkFaults, *, netem: bool, mtu: in
         ]
     )
     proc = subprocess.run(
-        [tools["nsenter"], "-t", str(init_pid), "-n", "/bin/sh", "-c", script],
+        [*enter_node(init_pid, holder), "/bin/sh", "-c", script],
         capture_output=True,
         text=True,
         timeout=60,
@@ -177,11 +193,13 @@ class Delayer:
         )
 
 
-def start_delayer(init_pid: int, delay_ms: float, jitter_ms: float, log_path: Path) -> Delayer:
+def start_delayer(
+    init_pid: int, delay_ms: float, jitter_ms: float, log_path: Path, holder: Holder | None = None
+) -> Delayer:
     """Start the delayer in the node's network and PID namespaces (it dies with the node)
     and return once it owns the node's queue (it says ``bound``)."""
     script = Path(__file__).parent.parent / "nfdelay.py"
-    argv = [fault_tools()["nsenter"], "-t", str(init_pid), "-n", "-p", sys.executable, "-I", str(script)]
+    argv = [*enter_node(init_pid, holder, pid=True), sys.executable, "-I", str(script)]
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
             [*argv, str(DELAY_QUEUE), f"{delay_ms:g}", f"{jitter_ms:g}"],

@@ -57,7 +57,7 @@ def reap_nodes(
     kill_and_wait(pids)
 
 
-def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = None) -> None:
+def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = None, host_links: bool = True) -> None:
     """Kill every node, then remove its links.
 
     A node dies by its cgroup (one write kills every process it ever started) and by its
@@ -67,12 +67,15 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = No
     launch or the leak check sees are gone when this returns.  With ``bridge`` the whole
     cluster goes: the bridge and every veth on it in one deletion, last, so the bridge
     (the lease on the cluster's subnet and names) is free only once nothing else named
-    after it is left (:func:`delete_cluster_links`).
+    after it is left (:func:`delete_cluster_links`).  Rootless nodes (``host_links=False``)
+    have no link on the host: theirs go with their holder's network namespace.
     """
     signal_cgroups([n.cgroup for n in nodes])
     survivors = kill_and_wait([n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes])
     stuck = kill_cgroups([n.cgroup for n in nodes])
-    if bridge:
+    if not host_links:
+        pass
+    elif bridge:
         delete_cluster_links(ip, bridge, [n.veth for n in nodes])
     else:
         delete_links(ip, [n.veth for n in nodes])

@@ -15,6 +15,7 @@ from pytest_sky.backends.netns.nodes import NODE_PATH, NodeProcess, NodeSpec
 from pytest_sky.backends.netns.output import Lines, tail
 from pytest_sky.backends.netns.plans import node_plans
 from pytest_sky.backends.netns.reap import stop_nodes
+from pytest_sky.backends.netns.userns import Holder
 from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, ProtocolError, Report, Stage
 from pytest_sky.errors import ProvisionError
 
@@ -30,17 +31,22 @@ def start_nodes(
     subnet: str,
     mtu: int,
     tools: dict[str, str],
+    holder: Holder | None = None,
 ) -> list[NodeProcess]:
     """Start every node, wire it to the bridge and let it exec sshd.
 
     Returns once every node has its address and mounts and is exec'ing sshd; the caller
     waits for the SSH banners.  (Dialling a node before its address exists costs a 1 s ARP
-    retry, hence the handshake.)  On any failure every node of the call is stopped.
+    retry, hence the handshake.)  On any failure every node of the call is stopped.  With a
+    ``holder`` the nodes are rootless: started in its namespaces, with no cgroup and no
+    link on the host.
     """
-    cgroups = [_new_node_cgroup(spec) for spec in specs]
+    cgroups = [None if holder else _new_node_cgroup(spec) for spec in specs]
     try:
-        plans = node_plans(specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge)
-        spawner = _Spawner(specs, plans, cgroups)
+        plans = node_plans(
+            specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge, holder=holder
+        )
+        spawner = _Spawner(specs, plans, cgroups, holder.enter() if holder else [])
     except BaseException:
         kill_cgroups(cgroups)
         raise
@@ -50,11 +56,12 @@ def start_nodes(
         return started
     except BaseException:
         spawner.close()
-        stop_nodes(tools["ip"], list(spawner.started.values()))
+        stop_nodes(tools["ip"], list(spawner.started.values()), host_links=holder is None)
         kill_cgroups(cgroups)  # and any node that never said it was there (waited until empty)
         # A node killed before the host heard of it may have made its veth already; the
         # kernel removes it with the node's namespace, but later: remove it now, by name.
-        delete_links(tools["ip"], [s.veth for s in specs])
+        if holder is None:
+            delete_links(tools["ip"], [s.veth for s in specs])
         raise
 
 
@@ -69,10 +76,16 @@ class _Spawner:
     Its command line names every node's directory (``psky-node:<dir>``), and so does each
     node's keeper, a fork of it: how :func:`node_processes` finds the nodes of a dead run."""
 
-    def __init__(self, specs: Sequence[NodeSpec], plans: Sequence[NodePlan], cgroups: Sequence[Path | None]) -> None:
+    def __init__(
+        self,
+        specs: Sequence[NodeSpec],
+        plans: Sequence[NodePlan],
+        cgroups: Sequence[Path | None],
+        enter: Sequence[str] = (),
+    ) -> None:
         self.specs, self.plans, self.cgroups = specs, plans, cgroups
         self.started: dict[int, NodeProcess] = {}  # every node that said it exists, by index
-        argv = [sys.executable, "-S", "-I", str(NODE_INIT), *(f"psky-node:{s.root}" for s in specs)]
+        argv = [*enter, sys.executable, "-S", "-I", str(NODE_INIT), *(f"psky-node:{s.root}" for s in specs)]
         # A session of its own, as each node's keeper: Ctrl-C in the terminal reaches pytest,
         # which tears nodes down in order, instead of killing them under it.  What the
         # spawner itself might print (a crash) goes to the first node's log.
