@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything pytest-sky's tests need, on a fresh Debian 12 machine as root. Safe to re-run:
-# it installs only what is missing.
+# Everything pytest-sky's tests need, on a fresh Debian 12 machine. Safe to re-run: it installs
+# only what is missing. Run it once as root (the Debian packages); an ordinary user then runs
+# it too, without sudo, for a virtualenv of their own (the local backend runs rootless for them).
 #   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
 #     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py)
 #   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
@@ -9,11 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf 'setup: %s\n' "$*"; }
-
-if [ "$(id -u)" != 0 ]; then
-  echo "setup: run as root (namespace nodes need CAP_NET_ADMIN and CAP_SYS_ADMIN; apt needs root)" >&2
-  exit 1
-fi
 
 # tool -> Debian package
 declare -A NEED=(
@@ -28,6 +24,15 @@ done
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
   missing+=(python3-venv python3-pip)
+fi
+# An ordinary user's virtualenv is made with Debian's own python3 (root's default interpreter
+# may live where no one else can reach it, such as under /root).
+if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  missing+=(python3-venv python3-pip)
+fi
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" != 0 ]; then
+  echo "setup: Debian packages missing (${missing[*]}): run \`sudo bash scripts/setup.sh\` once, then this again as yourself" >&2
+  exit 1
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
