@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PYTEST_SKY_HOME"] = own_home
     workdir = Path(tempfile.mkdtemp(prefix="pytest-sky-bench-"))
 
-    from bench import sections  # after PYTEST_SKY_HOME is settled
+    from bench import rootless, sections  # after PYTEST_SKY_HOME is settled
 
     plan = sections.Plan.quick() if args.quick else sections.Plan.full()
     mode = ("quick" if args.quick else "full") + (", peers" if args.peers else "")
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ("run latency", lambda: sections.run_latency(plan, namer)),
         ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
         ("all_reduce", lambda: sections.allreduce(plan, namer)),
+        (rootless.SECTION, lambda: rootless.versus_root(plan, namer)),
     ]
     plot_line = None
     if args.peers:

@@ -45,11 +45,18 @@ class Plan:
     run_reps: int
     conc_rounds: int
     conc_clients: int = 20
+    rootless_sizes: tuple[int, ...] = (2, 8)  # bring-up and teardown as an ordinary user
 
     @classmethod
     def full(cls) -> Plan:
         return cls(
-            sizes=(2, 4, 8, 16, 32, 64), bringup_reps=5, run_sizes=(2, 8), run_warmups=2, run_reps=15, conc_rounds=10
+            sizes=(2, 4, 8, 16, 32, 64),
+            bringup_reps=5,
+            run_sizes=(2, 8),
+            run_warmups=2,
+            run_reps=15,
+            conc_rounds=10,
+            rootless_sizes=(2, 8, 64),
         )
 
     @classmethod
