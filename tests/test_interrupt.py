@@ -34,11 +34,11 @@ INNER_PROVISION = """
 import os, pathlib, time
 from pytest_sky.backends import local
 
-def slow_ready(self, started):
+def slow_ready(started, timeout, holder=None):
     pathlib.Path(os.environ["SIGNAL_FILE"]).write_text("provisioning")
     time.sleep(120)  # interrupted by the test, never waited out
 
-local.LocalBackend._wait_ready = slow_ready
+local._wait_ready = slow_ready
 
 def test_never_gets_a_cluster(sky_cluster):
     pass
