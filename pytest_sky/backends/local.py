@@ -253,7 +253,8 @@ class LocalBackend(Backend):
         if state.holder is not None or not netns.holds_root_caps():  # rootless: no link on the host
             if started is not None:
                 netns.stop_nodes(tools["ip"], started, host_links=False)
-            netns.reap_nodes(state.nodes, node_dirs=state.node_dirs)
+            else:
+                netns.reap_nodes(state.nodes, node_dirs=state.node_dirs)
             netns.stop_holder(state.holder, journal.cluster_dir)
             return
         # A launch interrupted between leasing its bridge and writing that down left no

@@ -193,11 +193,11 @@ def _tail(path: Path) -> str:
 
 
 def stop_holder(holder: Holder | None, cluster_dir: Path) -> None:
-    """Kill the cluster's holder (the one recorded, and any other whose command line names
-    ``cluster_dir``: one started by a launch killed before it wrote the record)."""
-    pids = [holder.pid] if holder is not None and holder.alive() else []
-    pids += [pid for pid in holder_processes(str(cluster_dir)) if pid not in pids]
-    procs.kill_and_wait(pids)
+    """Kill the cluster's holder: the one recorded, or else any whose command line names
+    ``cluster_dir`` (one started by a launch killed before it wrote the record; the record
+    is written the moment the holder has spoken, so there is no other)."""
+    alive = holder is not None and holder.alive()
+    procs.kill_and_wait([holder.pid] if alive else holder_processes(str(cluster_dir)))
 
 
 def holder_processes(cluster_dir: str = "") -> list[int]:
