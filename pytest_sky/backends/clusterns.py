@@ -54,6 +54,11 @@ CONNECT_SECONDS = 10.0
 _MAX_LINE = 256
 
 
+def subnet_base(index: int) -> str:
+    """``198.x.y.`` of subnet ``index``: the one definition, which the local backend reads too."""
+    return f"198.{18 + index // 256}.{index % 256}."
+
+
 def subnet_lease_name(index: int) -> bytes:
     """The abstract socket name that leases subnet ``index`` to one holder on this host."""
     return f"\0pytest-sky-subnet-{index}".encode()
@@ -152,7 +157,7 @@ def _lease() -> tuple[int, socket.socket]:
 
 def _bridge(index: int, mtu: int) -> int:
     """The cluster's bridge at ``.1`` of its subnet, up, with its route; returns its ifindex."""
-    name, base = f"psky{index}", f"198.{18 + index // 256}.{index % 256}."
+    name, base = f"psky{index}", subnet_base(index)
     mac = bytearray(os.urandom(6))
     mac[0] = (mac[0] & 0xFC) | 0x02  # locally administered, unicast; fixed for the bridge's life
     body = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, name) + netlink.u32(netlink.IFLA_MTU, mtu)

@@ -40,14 +40,14 @@ from pytest_sky.state import Journal
 
 log = logging.getLogger(__name__)
 
-NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s
+NUM_SUBNETS = clusterns.NUM_SUBNETS  # 198.18.0.0/15 in /24s
 MAX_NODES = 250
 READY_TIMEOUT = 60.0
 
 
 def subnet_of(index: int) -> tuple[str, str]:
     """(``198.18.x.0/24``, ``198.18.x.``) for subnet ``index``."""
-    base = f"198.{18 + index // 256}.{index % 256}."
+    base = clusterns.subnet_base(index)
     return base + "0/24", base
 
 
