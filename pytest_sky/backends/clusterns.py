@@ -139,13 +139,27 @@ def _enter_own_namespaces() -> None:
             f.write(text)
 
 
+def subnet_leased(index: int) -> bool:
+    """A holder on this host holds subnet ``index`` (root's clusters keep clear of it too, so
+    that no address means two clusters on one host)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(subnet_lease_name(index))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 def _lease() -> tuple[int, socket.socket]:
-    """A subnet no other holder on this host has, held by a socket bound in the host's
-    namespace (so bound before this process leaves it)."""
+    """A subnet no other holder on this host has, and no cluster of root's (its bridge is
+    named after it), held by a socket bound in the host's namespace (so bound before this
+    process leaves it)."""
     lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     start = random.randrange(NUM_SUBNETS)
     for step in range(NUM_SUBNETS):
         index = (start + step) % NUM_SUBNETS
+        if os.path.exists(f"/sys/class/net/psky{index}"):
+            continue
         try:
             lease.bind(subnet_lease_name(index))
             return index, lease

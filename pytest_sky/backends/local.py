@@ -415,14 +415,15 @@ class LocalBackend(Backend):
     # -- helpers ---------------------------------------------------------------------------
 
     def _lease_subnet(self, ip: str, owner: str) -> int:
-        """A free /24 of 198.18.0.0/15: no bridge of ours on it, and no route of the host's
-        (a VPN, a fake-IP DNS tool) overlapping it."""
+        """A free /24 of 198.18.0.0/15: no bridge of ours on it, no rootless cluster's lease
+        (``clusterns.subnet_leased``), and no route of the host's (a VPN, a fake-IP DNS tool)
+        overlapping it."""
         mtu = self.mtu
         routed = [ipaddress.ip_network(dst, strict=False) for dst in netns.routed_networks(ip)]
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
-            if netns.link_exists(bridge_name(index)):
+            if netns.link_exists(bridge_name(index)) or clusterns.subnet_leased(index):
                 continue
             subnet, base = subnet_of(index)
             net = ipaddress.ip_network(subnet)

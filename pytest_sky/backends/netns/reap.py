@@ -73,11 +73,9 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = No
     signal_cgroups([n.cgroup for n in nodes])
     survivors = kill_and_wait([n.init_pid for n in nodes if n.init_pid] + [n.pid for n in nodes])
     stuck = kill_cgroups([n.cgroup for n in nodes])
-    if not host_links:
-        pass
-    elif bridge:
+    if host_links and bridge:
         delete_cluster_links(ip, bridge, [n.veth for n in nodes])
-    else:
+    elif host_links:
         delete_links(ip, [n.veth for n in nodes])
     if survivors:
         log.warning("node processes still alive after SIGKILL: %s", survivors)
