@@ -166,9 +166,10 @@ class LocalBackend(Backend):
     def create(self, config: ProvisionConfig) -> ClusterInfo:
         tools = netns.require_tools()
         journal = config.journal
+        holder = None
         if self.rootless:
             _check_rootless(config, self.private_root)
-        holder = netns.start_holder(config.cluster_dir, self.mtu) if self.rootless else None
+            holder = netns.start_holder(config.cluster_dir, self.mtu)
         if holder is not None:  # its subnet is leased by the holder, its links in its namespace
             index, bridge = holder.index, ""
         else:

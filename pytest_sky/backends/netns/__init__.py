@@ -31,9 +31,9 @@ The package, by concern (each module imports only those above it in this list):
 - ``links``: the bridge, veth names, link groups and aliases, and their deletion
 - ``cgroups``: a cgroup per node on the host, and killing through it
 - ``preflight``: the programs, privileges and FORWARD policy a host needs
+- ``output``: reading a helper's stdout by a deadline, tailing a node's log
 - ``userns``: rootless clusters: which mode runs, and each cluster's namespace holder
   (``clusterns.py``), in whose user and network namespaces its nodes start
-- ``output``: reading a helper's stdout by a deadline, tailing a node's log
 - ``reap``: stopping nodes, by pid, cgroup or command line
 - ``plans``: each node's ``NodePlan`` (and its layers' directories), made on the host
 - ``spawn``: starting nodes through ``nodeinit.py`` and reading its reports
@@ -97,6 +97,7 @@ from pytest_sky.backends.netns.preflight import (
     check_forward_policy,
     fault_tools,
     forward_policy_problem,
+    holds_root_caps,
     require_privileges,
     require_tools,
 )
@@ -108,7 +109,6 @@ from pytest_sky.backends.netns.userns import (
     LocalMode,
     dial_command,
     holder_processes,
-    holds_root_caps,
     local_mode,
     node_user,
     reap_stray_holders,

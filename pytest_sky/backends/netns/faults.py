@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pytest_sky import procs
 from pytest_sky.backends.netns.output import await_line
-from pytest_sky.backends.netns.preflight import fault_tools
+from pytest_sky.backends.netns.preflight import fault_tools, holds_root_caps
 from pytest_sky.backends.netns.reap import child_pid, kill_and_wait
-from pytest_sky.backends.netns.userns import Holder, holds_root_caps
+from pytest_sky.backends.netns.userns import Holder
 from pytest_sky.errors import SkyError
 from pytest_sky.protocol import AGENT_PORT
 

@@ -12,28 +12,30 @@ from pytest_sky.backends.netns.links import LINK_PREFIX
 from pytest_sky.errors import BackendUnavailableError
 
 
+def _find(needed: dict[str, str], who: str, hint: str = "") -> dict[str, str]:
+    """Absolute paths of ``needed`` (tool -> its Debian package), or one line saying that
+    ``who`` needs the missing packages and how to install them."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
+    found = {tool: shutil.which(tool, path=search) for tool in needed}
+    missing = sorted({needed[t] for t, path in found.items() if path is None})
+    if missing:
+        raise BackendUnavailableError(f"{who} {', '.join(missing)}: run `apt-get install -y {' '.join(missing)}`{hint}")
+    return {t: p for t, p in found.items() if p is not None}
+
+
 def require_tools() -> dict[str, str]:
     """Absolute paths of the programs a node needs, or a one-line error naming the package."""
     needed = {"ip": "iproute2", "sshd": "openssh-server"}
-    found: dict[str, str] = {}
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
-    missing = []
-    for tool, package in needed.items():
-        path = shutil.which(tool, path=search)
-        if path is None:
-            missing.append(package)
-        else:
-            found[tool] = path
-    if missing:
-        raise BackendUnavailableError(
-            f"the local backend needs {', '.join(sorted(set(missing)))}: "
-            f"run `apt-get install -y {' '.join(sorted(set(missing)))}` (or `bash scripts/setup.sh`)"
-        )
-    return found
+    return _find(needed, "the local backend needs", " (or `bash scripts/setup.sh`)")
 
 
-def require_privileges() -> None:
-    """Namespaces and links need CAP_NET_ADMIN and CAP_SYS_ADMIN; say so before touching anything."""
+def rootless_tools() -> dict[str, str]:
+    """What starting rootless nodes takes besides :func:`require_tools`."""
+    return _find({"nsenter": "util-linux"}, "rootless nodes need")
+
+
+def holds_root_caps() -> bool:
+    """This process may make namespaces and links on the host: CAP_NET_ADMIN and CAP_SYS_ADMIN."""
     cap_eff = 0
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -42,7 +44,12 @@ def require_privileges() -> None:
     except OSError:
         pass
     net_admin, sys_admin = 1 << 12, 1 << 21
-    if cap_eff & net_admin and cap_eff & sys_admin:
+    return bool(cap_eff & net_admin and cap_eff & sys_admin)
+
+
+def require_privileges() -> None:
+    """Namespaces and links need CAP_NET_ADMIN and CAP_SYS_ADMIN; say so before touching anything."""
+    if holds_root_caps():
         return
     if os.geteuid() == 0:
         raise BackendUnavailableError(
@@ -106,11 +113,4 @@ def fault_tools() -> dict[str, str]:
         "nsenter": "util-linux",
         "unshare": "util-linux",
     }
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
-    found = {tool: shutil.which(tool, path=search) for tool in needed}
-    missing = sorted({needed[t] for t, path in found.items() if path is None})
-    if missing:
-        raise BackendUnavailableError(
-            f"network faults need {', '.join(missing)}: run `apt-get install -y {' '.join(missing)}`"
-        )
-    return {t: p for t, p in found.items() if p is not None}
+    return _find(needed, "network faults need")

@@ -21,10 +21,9 @@ import functools
 import os
 import pwd
 import secrets
-import selectors
-import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from typing import Any
 
 from pytest_sky import procs
 from pytest_sky.backends import clusterns
-from pytest_sky.backends.netns.preflight import require_privileges
+from pytest_sky.backends.netns.output import Lines, tail
+from pytest_sky.backends.netns.preflight import holds_root_caps, require_privileges, rootless_tools
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
 
 #: The holder's program, run as ``python -S -I`` (standard library only).
@@ -42,27 +42,11 @@ CLUSTERNS = Path(clusterns.__file__)
 HOLDER_MARKER = "psky-cluster:"
 #: In the cluster's directory: what the holder says after its first line (a crash's trace).
 HOLDER_LOG = "holder.log"
-_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
 
 
 class LocalMode(enum.Enum):
     ROOT = "root"  # links in the host's network namespace
     ROOTLESS = "rootless"  # links in a user namespace of the user's own
-
-
-def _effective_caps() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    except OSError:
-        pass
-    return 0
-
-
-def holds_root_caps() -> bool:
-    caps = _effective_caps()
-    return bool(caps >> _CAP_NET_ADMIN & 1 and caps >> _CAP_SYS_ADMIN & 1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,9 +133,7 @@ class Holder:
         namespaces ``spaces`` name (nsenter's ``--net=FILE`` ...)."""
         if not self.alive():
             raise ProvisionError(f"the cluster's namespace holder (pid {self.pid}) is gone: tear the cluster down")
-        nsenter = shutil.which("nsenter", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/bin"]))
-        if nsenter is None:
-            raise BackendUnavailableError("rootless nodes need nsenter: run `apt-get install -y util-linux`")
+        nsenter = rootless_tools()["nsenter"]
         return [nsenter, f"--target={self.pid}", "--user", "--preserve-credentials", *(spaces or ["--net"]), "--"]
 
 
@@ -166,11 +148,11 @@ def start_holder(cluster_dir: Path, mtu: int, timeout: float = 30.0) -> Holder:
         )
     try:
         assert proc.stdout is not None
-        with proc.stdout, selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                raise ProvisionError(f"the cluster's namespace holder said nothing within {timeout:.0f} s")
-            words = proc.stdout.readline().decode(errors="replace").split()  # its one line
+        with proc.stdout:
+            line = Lines(proc).next(time.monotonic() + timeout)  # its one line
+        if line is None:
+            raise ProvisionError(f"the cluster's namespace holder said nothing within {timeout:.0f} s")
+        words = line.split()
     except BaseException:
         proc.kill()
         proc.wait()
@@ -179,17 +161,9 @@ def start_holder(cluster_dir: Path, mtu: int, timeout: float = 30.0) -> Holder:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
-        detail = " ".join(words[1:]) if words[:1] == ["FAILED"] else _tail(cluster_dir / HOLDER_LOG)
+        detail = " ".join(words[1:]) if words[:1] == ["FAILED"] else tail(cluster_dir / HOLDER_LOG, 1)
         raise ProvisionError(f"could not make the cluster's network namespace: {detail or 'no answer'}")
     return Holder(proc.pid, procs.start_time(proc.pid), door, int(words[1]), int(words[2]))
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
 
 
 def stop_holder(holder: Holder | None, cluster_dir: Path) -> None:
