@@ -6,10 +6,11 @@ A run, by module: ``cluster.Cluster.run`` builds a ``protocol.RunSpec`` and hand
 ``runner.AgentClient``, which asks the agent (``agent``, shipped by ``bootstrap`` as a
 zipapp) on the head over one SSH connection (its server, ``agent.server``, or an exec); the
 agent fans the ranks out to the workers (``agent.fanout``; ``agent.remote``: each worker's
-server, or head-to-worker SSH; each rank under the bash supervisor that ``agent.rank`` reads
-from ``shell``) and streams ``protocol`` events back, which the runner
-turns into the ``RunResult``.  Before that, ``lifecycle.provision`` had a backend (``backends.local``,
-``backends.kubernetes``) create the nodes and return a ``cluster_info.ClusterInfo``.
+server, or head-to-worker SSH; each rank supervised by its node's server, ``agent.supervisor``,
+or else by the bash supervisor that ``agent.rank`` reads from ``shell``) and streams
+``protocol`` events back, which the runner turns into the ``RunResult``.  Before that,
+``lifecycle.provision`` had a backend (``backends.local``, ``backends.kubernetes``) create the
+nodes and return a ``cluster_info.ClusterInfo``.
 
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
@@ -29,7 +30,7 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.fanout, agent.control,
-   agent.server, agent, bootstrap: what goes onto the nodes
+   agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
 6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it

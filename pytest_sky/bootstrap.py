@@ -46,6 +46,7 @@ AGENT_MODULES = (
     "agent.records",
     "agent.remote",
     "agent.server",
+    "agent.supervisor",
     "locks",
     "naming",
     "procs",

@@ -110,6 +110,45 @@ def test_only_a_holder_of_the_cluster_key_gets_past_a_server_door(cluster, modul
     assert b"\nran\n" in right and right.rstrip().endswith(b"PSKY-EXIT m 0"), right
 
 
+def test_a_served_rank_whose_lifeline_closes_is_stopped_term_first_then_killed(cluster, module_home: Path) -> None:
+    """The head lets go of a rank (another failed, the run timed out or was cancelled) by
+    closing its connection, at any moment, even before the rank has started: the server
+    sends SIGTERM to the job, SIGKILL after the grace to what ignored it, and the output
+    still starts with the rank's pid and ends with its mark and status."""
+    import time
+
+    from pytest_sky.agent.supervisor import GRACE_SECONDS
+
+    serve(cluster)
+    secret = door_secret((module_home / "clusters" / cluster.name / "id_ed25519").read_bytes())
+    # "t" is let go of at once, "k" once its trap ignores SIGTERM.
+    programs = {b"t": b"echo up; sleep 60", b"k": b"trap '' TERM; echo up; sleep 60"}
+    socks = {}
+    start = time.monotonic()
+    for mark, program in programs.items():
+        sock = socket.create_connection((cluster.node_ips[1], AGENT_PORT), timeout=20)
+        sock.sendall(door_answer(secret, sock.recv(256), f"rank {mark.decode()} {len(program)}") + program)
+        socks[mark] = sock
+    socks[b"t"].shutdown(socket.SHUT_WR)  # maybe before the rank has even started
+    outs = {b"t": b"", b"k": b""}
+    while b"up\n" not in outs[b"k"]:
+        chunk = socks[b"k"].recv(65536)
+        assert chunk, outs
+        outs[b"k"] += chunk
+    socks[b"k"].shutdown(socket.SHUT_WR)  # now its trap holds: SIGKILL after the grace
+    stopped = time.monotonic()
+    ends = {}
+    for mark, sock in socks.items():
+        while chunk := sock.recv(65536):
+            outs[mark] += chunk
+        sock.close()
+        ends[mark] = time.monotonic() - (start if mark == b"t" else stopped)
+        assert outs[mark].startswith(b"PSKY-PID "), outs
+        assert outs[mark].rstrip().endswith(b"PSKY-EXIT " + mark + (b" 143" if mark == b"t" else b" 137")), outs
+    assert ends[b"t"] < GRACE_SECONDS, ends  # TERM ended it: no grace waited out
+    assert GRACE_SECONDS <= ends[b"k"] < GRACE_SECONDS + 3, ends
+
+
 def test_each_rank_leads_a_process_group_and_its_supervisor_says_nothing(cluster) -> None:
     """PROGRAM leads a process group of its own (a stop signals it whole), made with bash's
     job control, whose notice that a job is done (printed now and then when the job is
@@ -154,9 +193,17 @@ def test_a_client_that_stalls_at_the_door_holds_up_no_one(cluster, module_home: 
             sock.close()
 
 
+# Run on the head: each worker's server killed over ssh, and waited for.
+KILL_WORKER_SERVERS = (
+    '[ "$SKYPILOT_NODE_RANK" = 0 ] || exit 0; for ip in $(echo "$SKYPILOT_NODE_IPS" | tail -n +2); do '
+    """ssh "$ip" 'p=$(cat ~/.sky/agent.pid); kill "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.01; done' """
+    "|| exit 1; done"
+)
+
+
 def test_a_run_goes_the_old_way_when_a_server_is_gone(cluster) -> None:
     serve(cluster)
-    kill = cluster.run('[ "$SKYPILOT_NODE_RANK" = 0 ] && exit 0; kill "$(cat ~/.sky/agent.pid)"')
+    kill = cluster.run(KILL_WORKER_SERVERS)
     assert kill.returncode == 0, kill.output
     again = cluster.run("hostname")  # the workers refuse: over ssh, which starts new servers
     assert again.returncode == 0, again.output

@@ -28,15 +28,34 @@ COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"
 STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started; '
 
 
-@pytest.fixture(params=["cgroup", "fallback"])
-def cluster(request: pytest.FixtureRequest, home: Path):
-    """Two nodes with writable cgroups (local nodes), or with none (as pods see them)."""
-    if request.param == "cgroup" and ROOTLESS:
+def _two_nodes(kind: str, served: bool):
+    """Two nodes with writable cgroups (local nodes), or with none (as pods see them).
+    ``served``: after two runs, which started every node's agent server, so that the next
+    run's ranks are supervised by the servers (``agent.supervisor``); else its next run is
+    its first, whose ranks run under the bash supervisor (``shell/rank_supervisor.sh``)."""
+    if kind == "cgroup" and ROOTLESS:
         pytest.skip("rootless nodes have no cgroups (none are the user's to give): the fallback runs")
-    options = {"node_cgroups": "ro"} if request.param == "fallback" else {}
-    c = pytest_sky.launch(num_nodes=2, name=f"tree-{request.param[:2]}-{os.getpid() % 10000}", backend_options=options)
-    yield c
-    c.down()
+    options = {"node_cgroups": "ro"} if kind == "fallback" else {}
+    name = f"tree-{kind[:2]}{'-s' * served}-{os.getpid() % 10000}"
+    c = pytest_sky.launch(num_nodes=2, name=name, backend_options=options)
+    try:
+        for _ in range(2 * served):
+            assert c.run("true").returncode == 0
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture(params=["cgroup", "fallback", "cgroup-served", "fallback-served"])
+def cluster(request: pytest.FixtureRequest, home: Path):
+    kind, _, served = request.param.partition("-")
+    yield from _two_nodes(kind, bool(served))
+
+
+@pytest.fixture(params=["cgroup", "fallback"])
+def first_run_cluster(request: pytest.FixtureRequest, home: Path):
+    """A cluster whose next run is its first: every rank under the bash supervisor."""
+    yield from _two_nodes(request.param, False)
 
 
 def left_on_nodes(c) -> list[str]:
@@ -160,7 +179,7 @@ echo "after $(forks)"
 """
 
 
-def test_the_leftover_check_spares_its_own_supervisor(cluster):
+def test_the_leftover_check_spares_its_own_supervisor(first_run_cluster):
     """Between two tests that share a cluster the check kills every other rank supervisor;
     it killed the reader of its own supervisor's lifeline too (a fork of the supervisor,
     with its arguments), so a check that hung could not be stopped by the head."""
@@ -168,7 +187,7 @@ def test_the_leftover_check_spares_its_own_supervisor(cluster):
 
     from pytest_sky.cluster import LEFTOVER_CHECK
 
-    res = cluster.run(f"CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_SUPERVISOR_FORKS}")
+    res = first_run_cluster.run(f"CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_SUPERVISOR_FORKS}")
     assert res.returncode == 0, res.output
     assert [r.stdout.split() for r in res.ranks] == [["before", "1", "after", "1"]] * 2, res.output
 
@@ -203,7 +222,7 @@ def test_runs_leave_no_job_cgroup_behind(cluster, request: pytest.FixtureRequest
     that has run many jobs holds the cgroup of the running one only."""
     for _ in range(4):  # the first goes the old way (exec, ssh); then the agent servers
         assert cluster.run("true").returncode == 0
-    own = "1" if request.node.callspec.params["cluster"] == "cgroup" else "0"  # the running job's
+    own = "1" if request.node.callspec.params["cluster"].startswith("cgroup") else "0"  # the running job's
     count = "n=$(ls /sys/fs/cgroup | grep -c '^psky-job-')"
     res = cluster.run(f"for i in $(seq 250); do {count}; [ $n = {own} ] && break; sleep 0.02; done; echo $n")
     assert [r.stdout.strip() for r in res.ranks] == [own, own], res.output

@@ -67,7 +67,13 @@ SPELLED = {
         shell.JOB_SCOPE_PREFIX,
         shell.CGROUP_PREFIX,  # its own $0 is RANK_ARGV0, given by the agent's command line
     },
-    shell.LEFTOVER_CHECK: {shell.JOB_SCOPE_VAR, shell.CGROUP_PREFIX, shell.RANK_ARGV0, shell.AGENT_BUNDLE},
+    shell.LEFTOVER_CHECK: {
+        shell.JOB_SCOPE_VAR,
+        shell.RUN_AGENT_VAR,
+        shell.CGROUP_PREFIX,
+        shell.RANK_ARGV0,
+        shell.AGENT_BUNDLE,
+    },
     shell.POD_BOOTSTRAP: {shell.POD_RANK_VAR, shell.AGENT_BUNDLE},
     shell.PROBE_NODES: set(),
     shell.SYNC_FILES: set(),

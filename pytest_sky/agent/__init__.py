@@ -14,8 +14,9 @@ rank is stopped.  ``submit`` does the same in a daemon on the head (a detached j
 returns at once; ``jobs``, ``wait``, ``logs``, ``events`` and ``cancel`` read and steer jobs
 (``job.Job``; :mod:`~pytest_sky.agent.control`); ``forget`` drops the records of ended ones.
 
-Each rank runs under the rank supervisor (bash, ``shell/rank_supervisor.sh``), locally for
-the head, and for workers through their own agent servers or over head-to-worker SSH
+Each rank is supervised by its node's agent server (:mod:`~pytest_sky.agent.supervisor`), the
+head's included, or, where a rank reaches no server (a head's first run, a worker over
+head-to-worker SSH), by the bash rank supervisor (``shell/rank_supervisor.sh``)
 (:mod:`~pytest_sky.agent.rank`, :mod:`~pytest_sky.agent.remote`).  Every
 job keeps its status, prefixed log and events in ``~/.sky/jobs/<id>``
 (:mod:`~pytest_sky.agent.records`).

@@ -9,8 +9,10 @@ then the node's.
 
 from __future__ import annotations
 
+import os
 import time
 
+from pytest_sky import shell
 from pytest_sky.agent.queue import leave, take_turn
 from pytest_sky.agent.rank import SETUP_UNSET, STOP_GRACE_SECONDS, Rank
 from pytest_sky.agent.records import Emitter, update
@@ -56,6 +58,8 @@ def _rank_envs(spec: RunSpec, task_id: str):
         for key, value in node.env.items():
             if key not in base and key not in leave_out:
                 env[key] = value
+        if node.rank == 0:  # its agent, for the leftover check: not its parent where served
+            env[shell.RUN_AGENT_VAR] = str(os.getpid())
         return env
 
     def setup_env(node: NodeRef) -> dict:
@@ -89,7 +93,7 @@ def _run_phase(
 
     from pytest_sky.agent.remote import secret
 
-    door = secret() if spec.num_nodes > 1 else None
+    door = secret()
     ranks = [Rank(node, spec, phase, script, env_for(node), emitter, door) for node in spec.nodes]
     first_failure: list[Rank] = []
     done = threading.Event()

@@ -1,10 +1,12 @@
 """One rank on one node, as the head starts it: the rank's program, its supervisor, its output.
 
-Each rank runs under the rank supervisor (``shell/rank_supervisor.sh``, bash: a Python one
-cost ~30 ms of interpreter start per node per run), locally for the head, and for a worker
-through its node's agent server or over head-to-worker SSH
-(:class:`~pytest_sky.agent.remote.Remote`).  The supervisor's first line is the pid of the rank's
-session (``shell.PID_MARK``); every line after it is the rank's output, which
+Each rank is started through its node's agent server, which supervises it
+(:class:`~pytest_sky.agent.remote.Remote`, :mod:`~pytest_sky.agent.supervisor`), the head's
+own included when this run is a fork of the head's server; where there is no server to ask
+(the head's rank in an exec'd run, a worker over head-to-worker SSH) it runs under the bash
+rank supervisor (``shell/rank_supervisor.sh``: a Python one started per rank would cost
+~30 ms of interpreter start per node per run).  Either way the first line is the pid of the
+rank's process group (``shell.PID_MARK``); every line after it is the rank's output, which
 :class:`Rank` hands to the job's :class:`~pytest_sky.agent.records.Emitter` as it comes.
 Closing a rank's stdin (its lifeline) stops its whole tree.
 """
@@ -163,12 +165,17 @@ class Rank:
         self.code: int | None = None
         program = rank_script(script, env, spec.cwd, phase=phase)
         self.cgroup = "-"
-        if self.rank == 0:
-            self.cgroup = head_cgroup()
-            self.proc: Child | Remote = Child(rank_argv(program, self.cgroup), capture_stderr=False)
-        else:
-            from pytest_sky.agent import remote
+        from pytest_sky.agent import remote
 
+        if self.rank == 0 and remote.on_server:
+            # This run is a fork of the head's server: the server runs the head's rank too,
+            # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes).
+            # Should it not answer, the rank's supervisor runs here (it makes its own cgroup).
+            self.proc: Child | Remote = remote.Remote(node, program, door, rank_argv(program, ""))
+        elif self.rank == 0:
+            self.cgroup = head_cgroup()
+            self.proc = Child(rank_argv(program, self.cgroup), capture_stderr=False)
+        else:
             ssh = worker_ssh_argv(node, program, start_server=sys.executable if remote.on_server else None)
             self.proc = remote.Remote(node, program, door, ssh)
 

@@ -1,7 +1,7 @@
-"""A worker's rank as the head starts it: through the worker's agent server, else over ssh.
+"""A rank as the head starts it through its node's agent server, else over ssh.
 
-The server (:mod:`~pytest_sky.agent.server`) makes the rank a fork and an exec of the rank
-supervisor on the worker, with this connection as its stdin (the lifeline) and stdout: no
+The server (:mod:`~pytest_sky.agent.server`) spawns the rank's bash and supervises it
+(:mod:`~pytest_sky.agent.supervisor`), with this connection as its stdout and its lifeline: no
 ssh client process on the head, no session on the worker's sshd.  A worker with no server
 yet refuses the connection; the rank then goes over ssh as it always did, and, when this run
 is itself a fork of the head's server (:data:`on_server`), that session starts the worker's

@@ -3,8 +3,8 @@
 Why: starting ``python -I -S agent.pyz`` costs the head ~20 ms of CPU on every run, and
 starting each worker's rank over head-to-worker ssh another ~17 ms per worker (an ssh client
 process, its multiplexing, a session on the worker's sshd).  A server that is already running
-forks for a run instead (~1 ms), and spawns a worker's rank supervisor without even a fork of
-itself.
+forks for a run instead (~1 ms), and spawns each rank's bash, which it supervises itself,
+without even a fork of itself.
 
 Where it listens: TCP port :data:`~pytest_sky.protocol.AGENT_PORT` on every address of its
 node.  The client reaches the head's through its own SSH connection (a ``direct-tcpip``
@@ -15,9 +15,11 @@ is who may ssh to the node, gets any further.  Then one request:
 
 - ``run``: an attached run, exactly as ``agent.pyz run`` over an exec (the connection is its
   stdin and stdout, and its lifeline);
-- ``rank NONCE LENGTH``: a worker's rank, LENGTH bytes of program following: the connection
-  becomes the rank supervisor's stdin (its lifeline) and stdout, and the supervisor ends the
-  output with ``PSKY-EXIT NONCE <exit code>`` (:data:`~pytest_sky.protocol.EXIT_MARK`).
+- ``rank NONCE LENGTH``: a rank, LENGTH bytes of program following: the connection becomes
+  the rank's stdout and its lifeline, and the output ends with ``PSKY-EXIT NONCE <exit
+  code>`` (:data:`~pytest_sky.protocol.EXIT_MARK`).  The server supervises the rank itself
+  (:mod:`~pytest_sky.agent.supervisor`); where pidfds are refused, it spawns the bash rank
+  supervisor, which keeps the same contract.
 
 How it starts: nothing on the node starts it at boot.  The first run on a head that has none
 (after a launch, after its restart) goes the old way, an exec, and that agent forks a server
@@ -44,6 +46,7 @@ import time
 from pytest_sky import shell
 from pytest_sky.agent import remote
 from pytest_sky.agent.remote import secret
+from pytest_sky.agent.supervisor import SESSION_DEFAULTS, Supervised
 from pytest_sky.protocol import AGENT_PORT, EXIT_MARK, GREETING, door_request, keep_alive
 
 #: Where a server writes its pid, under the node's home (the leftover check reads it).
@@ -119,7 +122,8 @@ def _serve(run: Runner, told: int) -> None:
     os.replace(pid_file + ".tmp", pid_file)
     os.close(told)
     _preload()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+    # Children reap themselves, unless the server supervises ranks: it needs their status.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL if _pidfds_work() else signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _Doorman(listener, door, run).forever()
 
@@ -153,11 +157,11 @@ class _Caller:
 
 class _Doorman:
     """The server's one thread.  Each connection's handshake is read as its bytes come (a
-    client that stalls holds up nobody); then a rank's supervisor is spawned, with no fork
-    of this interpreter, or a run's child is forked.  A rank's cgroup is removed here once
-    its supervisor is gone, with no ``rmdir`` process.  Measured with perf on 8 nodes, the
+    client that stalls holds up nobody); then a rank's bash is spawned, with no fork of this
+    interpreter, and supervised from here (its end, its lifeline, its grace: no process of
+    a supervisor's own), or a run's child is forked.  Measured with perf on 8 nodes, the
     forked interpreters (their copy-on-write faults, then their exec) had been over a third
-    of a run's CPU; without them and the ``rmdir`` a run took ~105 ms of CPU, not 150."""
+    of a run's CPU, and then the bash supervisors half of what was left."""
 
     def __init__(self, listener: socket.socket, door: bytes, run: Runner) -> None:
         self.listener = listener
@@ -165,9 +169,14 @@ class _Doorman:
         self.run = run
         self.epoll = select.epoll()
         self.callers: dict[int, _Caller] = {}
-        #: A supervisor's pidfd: the cgroup its rank ran in, removed once it is readable.
-        self.cgroups: dict[int, str] = {}
+        #: Where this kernel (and a pod's seccomp profile) lets the server watch its children
+        #: by pidfd, it supervises each rank itself; elsewhere each rank has its bash supervisor.
         self.pidfds = _pidfds_work()
+        #: The ranks it supervises, by their bash's pidfd and by their connection.
+        self.ranks: dict[int, Supervised] = {}
+        self.lifelines: dict[int, Supervised] = {}
+        #: The pidfds of its forked runs, reaped here once readable.
+        self.forks: set[int] = set()
         self.made = itertools.count()
         listener.setblocking(False)
         self.epoll.register(listener.fileno(), select.EPOLLIN)
@@ -186,19 +195,49 @@ class _Doorman:
             now = time.monotonic()
             for caller in [c for c in self.callers.values() if c.deadline <= now]:
                 self._drop(caller)
+            for rank in [r for r in self.ranks.values() if r.next_tick is not None and r.next_tick <= now]:
+                rank.tick(now)
+                self._settle(rank)
 
     def _timeout(self) -> float:
-        if not self.callers:
+        due = [c.deadline for c in self.callers.values()]
+        due += [r.next_tick for r in self.ranks.values() if r.next_tick is not None]
+        if not due:
             return -1
-        return max(0.0, min(c.deadline for c in self.callers.values()) - time.monotonic())
+        return max(0.0, min(due) - time.monotonic())
 
     def _event(self, fd: int) -> None:
         if fd == self.listener.fileno():
             self._admit()
-        elif fd in self.cgroups:
-            self._release(fd)
+        elif fd in self.ranks:
+            rank = self.ranks[fd]
+            rank.ended()
+            self._settle(rank)
+        elif fd in self.lifelines:
+            rank = self.lifelines[fd]
+            rank.lifeline()
+            self._settle(rank)
+        elif fd in self.forks:
+            self.epoll.unregister(fd)
+            self.forks.discard(fd)
+            _reap(fd)
         elif fd in self.callers:
             self._hear(self.callers[fd])
+
+    def _settle(self, rank: Supervised) -> None:
+        """After an event of a rank: watch again what may say more (both are one-shot: a
+        reaped bash's pidfd and a closed connection stay readable); let it all go once done."""
+        if rank.done:
+            self.epoll.unregister(rank.pidfd)
+            self.epoll.unregister(rank.conn.fileno())
+            del self.ranks[rank.pidfd]
+            del self.lifelines[rank.conn.fileno()]
+            rank.release()
+            return
+        if rank.code is None:
+            self.epoll.modify(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
+        if not rank.stopping:
+            self.epoll.modify(rank.conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
 
     def _admit(self) -> None:
         try:
@@ -267,59 +306,46 @@ class _Doorman:
         self._forget(caller).close()
 
     def _spawn_rank(self, caller: _Caller) -> None:
-        """The rank's supervisor, the connection its stdin (its lifeline) and stdout, in a
-        cgroup made here and named by this server and a count."""
+        """The rank, in a cgroup made here and named by this server and a count: supervised
+        here (:class:`~pytest_sky.agent.supervisor.Supervised`) where pidfds work, else by
+        its bash supervisor, with the connection its stdin (its lifeline) and stdout."""
         from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup
 
         conn = self._forget(caller)
         cgroup = job_cgroup(f"{os.getpid()}-{next(self.made)}")
-        own = "" if self.pidfds else "1"  # who removes the cgroup: this server, else the supervisor
+        if self.pidfds:
+            try:
+                rank = Supervised(conn, caller.program, caller.mark, cgroup)
+            except OSError:
+                conn.close()
+                _remove(cgroup)
+                return
+            self.ranks[rank.pidfd] = rank
+            self.lifelines[conn.fileno()] = rank
+            self.epoll.register(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
+            self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
+            if rank.stopping:
+                self._settle(rank)
+            return
         program = caller.program.decode()
-        argv = [
-            "/bin/bash",
-            "-c",
-            RANK_SUPERVISOR,
-            shell.RANK_ARGV0,
-            program,
-            f"{EXIT_MARK} {caller.mark}",
-            cgroup,
-            own,
-        ]
+        mark = f"{EXIT_MARK} {caller.mark}"
+        argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, mark, cgroup, "1"]
         actions = [(os.POSIX_SPAWN_DUP2, conn.fileno(), 0), (os.POSIX_SPAWN_DUP2, conn.fileno(), 1)]
         try:
-            # As an sshd session's would be: SIGPIPE, SIGCHLD and SIGHUP at their defaults.
-            defaults = (signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)
-            pid = os.posix_spawn("/bin/bash", argv, os.environ, file_actions=actions, setsigdef=defaults)
+            os.posix_spawn("/bin/bash", argv, os.environ, file_actions=actions, setsigdef=SESSION_DEFAULTS)
         except OSError:
-            pid = 0
+            _remove(cgroup)
         finally:
             conn.close()
-        if cgroup != "-" and not own:
-            self._watch(pid, cgroup)
-
-    def _watch(self, pid: int, cgroup: str) -> None:
-        try:
-            pidfd = os.pidfd_open(pid) if pid else -1
-        except OSError:  # gone already
-            pidfd = -1
-        if pidfd < 0:
-            _remove(cgroup)
-            return
-        self.cgroups[pidfd] = cgroup
-        self.epoll.register(pidfd, select.EPOLLIN)
-
-    def _release(self, pidfd: int) -> None:
-        """A supervisor is gone (it killed whatever its rank left): its cgroup goes."""
-        self.epoll.unregister(pidfd)
-        os.close(pidfd)
-        _remove(self.cgroups.pop(pidfd))
 
     def _fork_run(self, caller: _Caller) -> None:
         """An attached run, exactly as ``agent.pyz run`` over an exec: a fork, the connection
         its stdin and stdout (and its lifeline)."""
         conn = self._forget(caller)
-        if os.fork():
+        pid = os.fork()
+        if pid:
             conn.close()
+            self._reap_later(pid)
             return
         code = 1
         try:
@@ -327,7 +353,7 @@ class _Doorman:
             # here would never see its end.
             self.epoll.close()
             self.listener.close()
-            for fd in [*self.cgroups, *(c.conn.fileno() for c in self.callers.values())]:
+            for fd in [*self.ranks, *self.lifelines, *self.forks, *self.callers]:
                 os.close(fd)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -345,6 +371,26 @@ class _Doorman:
         except OSError:
             pass
         os._exit(code)
+
+    def _reap_later(self, pid: int) -> None:
+        """A forked run is reaped here once it ends (where pidfds work: SIGCHLD is not
+        ignored there, so that a supervised rank's exit status can be had)."""
+        if not self.pidfds:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # cannot be, for a child of ours: pidfds work here
+            return
+        self.forks.add(pidfd)
+        self.epoll.register(pidfd, select.EPOLLIN)
+
+
+def _reap(pidfd: int) -> None:
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        pass
+    os.close(pidfd)
 
 
 def _pidfds_work() -> bool:

@@ -32,6 +32,9 @@ PID_MARK = "PSKY-PID"
 #: The environment variable that carries a job's token to each of its processes (where
 #: cgroups are read-only), and the leftover check's own token.
 JOB_SCOPE_VAR = "PSKY_JOB_SCOPE"
+#: The environment variable that tells the head's rank the pid of the agent running its job
+#: (whose child it is not when the head's server runs it): the leftover check spares it.
+RUN_AGENT_VAR = "PSKY_RUN_AGENT"
 #: How a job's token starts (``psky-<supervisor pid>-<random>``).
 JOB_SCOPE_PREFIX = "psky-"
 #: How the name of a job's cgroup starts (``psky-job-<supervisor pid>`` where the supervisor
@@ -51,6 +54,7 @@ MARKERS = (
     RANK_ARGV0,
     PID_MARK,
     JOB_SCOPE_VAR,
+    RUN_AGENT_VAR,
     JOB_SCOPE_PREFIX,
     CGROUP_PREFIX,
 )

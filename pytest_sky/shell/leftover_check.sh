@@ -8,7 +8,9 @@
 # supervisor (psky-rank) or an agent process (agent.pyz).  The check's own stay: its token,
 # its cgroup, its ancestors, and the children of the two ancestors that run it, its rank
 # supervisor (the reader of its lifeline is a fork of it) and the agent of this run (a
-# rank it is starting is a fork of it until it execs, with the agent's arguments).  sshd,
+# rank it is starting is a fork of it until it execs, with the agent's arguments; on the
+# head, where the node's server runs the rank, that agent is no ancestor: PSKY_RUN_AGENT
+# names it).  sshd,
 # the node's agent server and the head's SSH masters to the workers are the cluster's own
 # and stay; the server's forks for other runs do not.
 #
@@ -29,6 +31,7 @@ while [ -n "$p" ] && [ "$p" != 0 ]; do
   done 2>/dev/null <"/proc/$p/cmdline"
   p=$(sed -n 's/^PPid:\s*//p' "/proc/$p/status" 2>/dev/null)
 done
+[ -z "${PSKY_RUN_AGENT:-}" ] || mine="$mine$PSKY_RUN_AGENT " kin="$kin$PSKY_RUN_AGENT "
 leftovers() {
   pids='' groups=''
   for d in /proc/[0-9]*; do

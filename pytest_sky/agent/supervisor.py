@@ -1,0 +1,240 @@
+"""A rank that a node's agent server runs itself: the rank supervisor's contract, in Python.
+
+Why: the bash supervisor (``shell/rank_supervisor.sh``) costs every rank an interpreter of
+its own, a fork for the rank's process group and another for the lifeline's reader, on top
+of the rank's own bash.  Measured on 8 local nodes, bash was half of a run's CPU, and a
+run's wall time follows its CPU on two cores.  The server is already running, so it keeps
+the same account with no process of its own: it spawns the rank's bash directly and
+watches the rank's end, its lifeline and its grace from its one epoll loop.
+
+The contract is the bash supervisor's, which still serves the ranks that reach a node over
+ssh (a worker whose server has not started yet) or by an exec (a head's first run):
+
+- the rank's bash leads a process group of its own and enters the job's cgroup (where the
+  node has a writable cgroup2) before it runs anything: it waits at a gate on fd 3 until the
+  server has moved it, and the pid line is out before the rank can print or be stopped;
+- every process of the job carries the job's token in its environment, whatever its parent
+  (where cgroups are read-only, as in a pod, the token is how they are told apart);
+- the connection is the rank's stdout and stderr, and its lifeline: when the head closes it,
+  every process of the job gets SIGTERM, a grace of :data:`GRACE_SECONDS` to stop its own
+  children, then SIGKILL;
+- whatever the rank leaves running when its bash ends is killed at once;
+- the output ends with the mark line and the exit status, once every process of the job is
+  gone; the cgroup is removed after the mark.
+
+Stdlib only: it runs inside the agent's bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+from pytest_sky import shell
+from pytest_sky.protocol import EXIT_MARK
+
+#: How long a stopped job has to end after SIGTERM (the bash supervisor's 50 ticks).
+GRACE_SECONDS = 2.5
+#: How long SIGKILL is sent again to what is left (a process forked meanwhile) before the
+#: rank is given up as ended (the bash supervisor's 100 ticks).
+KILL_SECONDS = 5.0
+#: How often a stopping job is looked at again.
+TICK_SECONDS = 0.05
+#: What the rank's bash runs before its program, on the program's first line (so that the
+#: line numbers bash names in errors stay the task's): wait at the gate, then close it.
+GATE = "read -r _ <&3; exec 3<&-; "
+
+PID_MARK = shell.PID_MARK.encode() + b" "
+#: What a rank's process starts with at their defaults, as an sshd session's would: the
+#: server ignores them (or, SIGPIPE, Python does).
+SESSION_DEFAULTS = (signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)
+
+
+class Supervised:
+    """One rank on this node: its bash, its job's account, its connection.
+
+    The server calls :meth:`ended` when the bash's pidfd is readable, :meth:`lifeline`
+    when the connection is, and :meth:`tick` at :attr:`next_tick`; :attr:`done` says when it
+    has written its mark and let everything go."""
+
+    def __init__(self, conn: socket.socket, program: bytes, nonce: str, cgroup: str) -> None:
+        self.conn = conn
+        self.nonce = nonce
+        self.cgroup = cgroup if cgroup != "-" else ""
+        self.token = f"{shell.JOB_SCOPE_PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
+        self.code: int | None = None  # the bash's exit status, once reaped
+        self.stopping = False  # the lifeline closed
+        self.killing = 0.0  # when SIGKILL was first sent (0: not yet)
+        self.stop_at = 0.0  # when the lifeline closed
+        self.next_tick: float | None = None
+        self.done = False
+        self.pid, self.pidfd = self._spawn(program)
+
+    def _spawn(self, program: bytes) -> tuple[int, int]:
+        gate_r, gate_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        fd = self.conn.fileno()
+        actions = [
+            (os.POSIX_SPAWN_DUP2, devnull, 0),
+            (os.POSIX_SPAWN_DUP2, fd, 1),
+            (os.POSIX_SPAWN_DUP2, fd, 2),
+            (os.POSIX_SPAWN_DUP2, gate_r, 3),
+        ]
+        env = dict(os.environ)
+        env[shell.JOB_SCOPE_VAR] = self.token
+        argv = ["/bin/bash", "-c", GATE + program.decode()]
+        try:
+            pid = os.posix_spawn("/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0)
+            pidfd = os.pidfd_open(pid)
+        finally:
+            os.close(gate_r)
+            os.close(devnull)
+        try:
+            if self.cgroup:
+                _write(f"{self.cgroup}/cgroup.procs", str(pid))
+            self.conn.sendall(PID_MARK + str(pid).encode() + b"\n")
+        except OSError:
+            self.stopping = True  # the head is gone already: stop it as a closed lifeline would
+        finally:
+            os.close(gate_w)  # the gate opens: the rank runs
+        if self.stopping:
+            self._stop(time.monotonic())
+        return pid, pidfd
+
+    # -- events ---------------------------------------------------------------------------
+
+    def ended(self) -> None:
+        """The rank's bash is gone: reap it, then see to what it left."""
+        try:
+            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            info = None
+        if info is None:
+            return  # not yet: the pidfd said so early
+        status = info.si_status
+        self.code = status if info.si_code == os.CLD_EXITED else 128 + status
+        now = time.monotonic()
+        if self.stopping or self.killing:
+            self.tick(now)
+            return
+        left = self._members()
+        if not left:
+            self._finish()
+            return
+        self._send(signal.SIGKILL, left)  # whatever it left running dies with it
+        self.killing = now
+        self.next_tick = now + TICK_SECONDS
+
+    def lifeline(self) -> None:
+        """The connection is readable: the head closed it (nothing else ever comes)."""
+        try:
+            data = self.conn.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data and not self.stopping:
+            self._stop(time.monotonic())
+
+    def _stop(self, now: float) -> None:
+        self.stopping = True
+        self.stop_at = now
+        self._send(signal.SIGTERM)
+        self.next_tick = now + TICK_SECONDS
+
+    def tick(self, now: float) -> None:
+        """Look again: finish once nothing of the job is left (or SIGKILL has had its time),
+        else send what is due."""
+        left = self._members()
+        if self.code is not None and (not left or (self.killing and now - self.killing >= KILL_SECONDS)):
+            self._finish()  # what might be left is the node's teardown's
+            return
+        if self.killing:
+            self._send(signal.SIGKILL, left)
+        elif self.stopping and now - self.stop_at >= GRACE_SECONDS:
+            self._send(signal.SIGKILL, left)
+            self.killing = now
+        self.next_tick = now + TICK_SECONDS
+
+    def _finish(self) -> None:
+        """Every process of the job is gone (or given up): the mark, with the status."""
+        self.done = True
+        self.next_tick = None
+        code = 255 if self.code is None else self.code & 255
+        try:
+            self.conn.sendall(f"\n{EXIT_MARK} {self.nonce} {code}\n".encode())
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Once the server has stopped watching them: the connection, the pidfd, the cgroup."""
+        self.conn.close()
+        os.close(self.pidfd)
+        if self.cgroup:
+            try:
+                os.rmdir(self.cgroup)
+            except OSError:
+                pass  # a process of the rank is still in it: the node's teardown removes it
+
+    # -- the job's account ----------------------------------------------------------------
+
+    def _members(self) -> list[int]:
+        """The job's live processes: its cgroup's, else those carrying its token; its bash
+        until reaped."""
+        found: list[int] = []
+        if self.cgroup:
+            try:
+                with open(f"{self.cgroup}/cgroup.procs") as f:
+                    found = [int(p) for p in f.read().split()]
+            except OSError:
+                pass
+        else:
+            found = _carrying(f"{shell.JOB_SCOPE_VAR}={self.token}".encode())
+        if self.code is None and self.pid not in found:
+            found.append(self.pid)
+        return found
+
+    def _send(self, sig: int, members: list[int] | None = None) -> None:
+        """``sig`` to every process of the job, each once."""
+        if sig == signal.SIGKILL and self.cgroup:
+            try:
+                _write(f"{self.cgroup}/cgroup.kill", "1")
+                return
+            except OSError:
+                pass
+        for pid in self._members() if members is None else members:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGKILL and self.code is None:
+            try:
+                os.killpg(self.pid, sig)
+            except OSError:
+                pass
+
+
+def _carrying(entry: bytes) -> list[int]:
+    """Every process whose environment holds ``entry`` (a job's token)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
