@@ -171,13 +171,13 @@ class Rank:
             # This run is a fork of the head's server: the server runs the head's rank too,
             # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes).
             # Should it not answer, the rank's supervisor runs here (it makes its own cgroup).
-            self.proc: Child | Remote = remote.Remote(node, program, door, rank_argv(program, ""))
+            self.proc: Child | Remote = remote.Remote(node, program, door, lambda: rank_argv(program, ""))
         elif self.rank == 0:
             self.cgroup = head_cgroup()
             self.proc = Child(rank_argv(program, self.cgroup), capture_stderr=False)
         else:
-            ssh = worker_ssh_argv(node, program, start_server=sys.executable if remote.on_server else None)
-            self.proc = remote.Remote(node, program, door, ssh)
+            server = sys.executable if remote.on_server else None
+            self.proc = remote.Remote(node, program, door, lambda: worker_ssh_argv(node, program, start_server=server))
 
     def start(self, ended: Callable[[Rank], None]) -> None:
         """One thread per rank, which reads its output, waits for it, then calls ``ended``

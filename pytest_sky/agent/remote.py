@@ -31,6 +31,10 @@ from pytest_sky.protocol import (
     read_greeting,
 )
 
+TYPE_CHECKING = False  # typing's own would cost its import on the agent's every run
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 #: How long a worker's port may stay silent before its ranks go over ssh instead.
 CONNECT_SECONDS = 2.0
 #: Where the head remembers workers whose port stayed silent (one empty file per address).
@@ -64,11 +68,13 @@ class Remote:
     """One worker rank's process, as :class:`~pytest_sky.agent.rank.Rank` drives it: the same
     calls as a local :class:`~pytest_sky.agent.rank.Child`, its output opened by the reader."""
 
-    def __init__(self, node: NodeRef, program: str, secret: bytes | None, ssh_argv: list[str]) -> None:
+    def __init__(self, node: NodeRef, program: str, secret: bytes | None, fallback: Callable[[], list[str]]) -> None:
         self.node = node
         self.program = program
         self.secret = secret
-        self.ssh_argv = ssh_argv  # the way when the worker has no server: it starts one
+        #: The rank's command line where the node has no server to ask (over ssh, which starts
+        #: one): made only then, as most runs never need it.
+        self.fallback = fallback
         #: The line that ends the rank's output when a server started it (None over ssh).
         self.exit_mark: bytes | None = None
         self.returncode: int | None = None
@@ -95,7 +101,7 @@ class Remote:
         if self.error:
             return -1
         with self._lock:
-            self.via_ssh = Child(self.ssh_argv, capture_stderr=True)
+            self.via_ssh = Child(self.fallback(), capture_stderr=True)
             if self._stopped:
                 self.via_ssh.close_stdin()
         self._err_reader = threading.Thread(target=self._read_ssh_errors, args=(self.via_ssh.stderr,), daemon=True)

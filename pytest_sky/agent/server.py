@@ -134,6 +134,7 @@ def _preload() -> None:
     ``socket.create_connection`` imports to encode a host name, even an address: each run's
     connection to a worker's server paid it again, before that rank could start."""
     import encodings.idna  # noqa: F401
+    import fcntl  # noqa: F401 - the job records' locks: an extension module each run loaded anew
     import threading  # noqa: F401
 
     from pytest_sky.agent import fanout, rank, records  # noqa: F401 - fanout, records: preloaded
