@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from pytest_sky import procs
 from pytest_sky.agent.records import jobs_dir, update
-from pytest_sky.locks import flocked
+from pytest_sky.locks import flocked, rewrite
 from pytest_sky.protocol import JobRecord, JobStatus, RunSpec
 
 BELL = "bell"  # the doorbell FIFO's name in a pending job's directory
@@ -118,10 +118,7 @@ class _Ledger:
         with flocked(self.path + ".lock"):
             entries = [e for e in self._read() if e.alive()]
             yield entries
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write("".join(e.line() for e in entries))
-            os.replace(tmp, self.path)
+            rewrite(self.path, "".join(e.line() for e in entries))
 
     def _read(self) -> list[Entry]:
         try:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_sky.agent.remote import Remote
+    from pytest_sky.protocol import Event
 
 #: How long the head waits, past a rank's own grace, for ranks it told to stop.
 STOP_GRACE_SECONDS = 2.0
@@ -163,6 +164,8 @@ class Rank:
         self.emitter = emitter
         self.pid = 0
         self.code: int | None = None
+        self._events: list[Event] = []  # of the output read so far, not yet written
+        self._logged: list[str] = []
         program = rank_script(script, env, spec.cwd, phase=phase)
         self.cgroup = "-"
         from pytest_sky.agent import remote
@@ -221,29 +224,40 @@ class Rank:
             *lines, pending = pending.split(b"\n")
             for raw in lines:
                 if mark is not None and raw.startswith(mark):
+                    self._flush()
                     return int(raw[len(mark) :] or 255)
                 if held_blank:
                     self._emit(b"", prefix)
                 held_blank = mark is not None and not raw
                 if not held_blank:
                     self._emit(raw, prefix)
+            self._flush()
         if prefix is not None:
             for raw in [b""] * held_blank + [pending] * bool(pending):
                 self._emit(raw, prefix)
+        self._flush()
         return None
 
     def _started(self, pid: int) -> str:
         """The rank's supervisor said its pid: the prefix of its lines from now on."""
         self.pid = pid
         node = self.node
-        self.emitter.event(StartEvent(self.rank, self.pid, self.phase))
+        self._events.append(StartEvent(self.rank, self.pid, self.phase))
         setup = self.phase == "setup"
         return line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name, setup)
 
     def _emit(self, raw: bytes, prefix: str) -> None:
         text = raw.decode("utf-8", "replace")
-        self.emitter.event(LineEvent(self.rank, text))
-        self.emitter.log(prefix + text + "\n")
+        self._events.append(LineEvent(self.rank, text))
+        self._logged.append(prefix + text + "\n")
+
+    def _flush(self) -> None:
+        """What one read of the rank's output said, as one write to each of the job's files
+        and to the client: an event per write had cost the client and the head's sshd a
+        packet each."""
+        if self._events:
+            self.emitter.emit(self._events, "".join(self._logged))
+            self._events, self._logged = [], []
 
     def stop(self) -> None:
         """Close the lifeline: the rank's supervisor stops its whole tree and exits."""

@@ -14,7 +14,7 @@ import sys
 import time
 
 from pytest_sky import procs
-from pytest_sky.locks import flocked
+from pytest_sky.locks import flocked, rewrite
 from pytest_sky.protocol import TERMINAL, Event, FailedPhase, JobRecord, JobStatus, RunSpec, decode_record, to_json
 
 
@@ -45,9 +45,8 @@ def _allocate_job(home: str, cluster: str) -> tuple[int, str, str]:
         except (OSError, ValueError):
             last = 0
         job_id = last + 1
-        with open(counter + ".tmp", "w") as f:
-            f.write(str(job_id))
-        os.replace(counter + ".tmp", counter)
+        # Fixed width: a write cut short by a crash leaves the old id's digits, never fewer.
+        rewrite(counter, f"{job_id:<20}\n")
     job_dir = os.path.join(jobs, str(job_id))
     os.makedirs(job_dir, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime()) + f"-{int(time.time() * 1e6) % 1_000_000:06d}"
@@ -139,8 +138,21 @@ class Emitter:
         self.client_gone = not to_stdout
 
     def event(self, event: Event) -> None:
-        data = event.encode()
+        self.emit([event])
+
+    def log(self, text: str) -> None:
+        self.emit([], text)
+
+    def emit(self, events: list[Event], text: str = "") -> None:
+        """``events`` and ``text`` (lines of the prefixed log), each file and the client
+        written once."""
+        data = b"".join(e.encode() for e in events)
         with self._lock:
+            if text:
+                self._log.write(text.encode("utf-8", "replace"))
+                self._log.flush()
+            if not data:
+                return
             self._events.write(data)
             self._events.flush()
             if self.client_gone or self._out is None:
@@ -150,8 +162,3 @@ class Emitter:
                 self._out.flush()
             except (BrokenPipeError, OSError):
                 self.client_gone = True
-
-    def log(self, text: str) -> None:
-        with self._lock:
-            self._log.write(text.encode("utf-8", "replace"))
-            self._log.flush()
