@@ -325,8 +325,6 @@ class _Doorman:
             self.lifelines[conn.fileno()] = rank
             self.epoll.register(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
             self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
-            if rank.stopping:
-                self._settle(rank)
             return
         program = caller.program.decode()
         mark = f"{EXIT_MARK} {caller.mark}"

@@ -70,38 +70,49 @@ class Supervised:
         self.stop_at = 0.0  # when the lifeline closed
         self.next_tick: float | None = None
         self.done = False
-        self.pid, self.pidfd = self._spawn(program)
+        self.pid = self.pidfd = 0
+        self._spawn(program)
 
-    def _spawn(self, program: bytes) -> tuple[int, int]:
+    def _spawn(self, program: bytes) -> None:
         gate_r, gate_w = os.pipe()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        fd = self.conn.fileno()
-        actions = [
-            (os.POSIX_SPAWN_DUP2, devnull, 0),
-            (os.POSIX_SPAWN_DUP2, fd, 1),
-            (os.POSIX_SPAWN_DUP2, fd, 2),
-            (os.POSIX_SPAWN_DUP2, gate_r, 3),
-        ]
-        env = dict(os.environ)
-        env[shell.JOB_SCOPE_VAR] = self.token
-        argv = ["/bin/bash", "-c", GATE + program.decode()]
         try:
-            pid = os.posix_spawn("/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0)
-            pidfd = os.pidfd_open(pid)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            fd = self.conn.fileno()
+            actions = [
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+                (os.POSIX_SPAWN_DUP2, gate_r, 3),
+            ]
+            env = dict(os.environ)
+            env[shell.JOB_SCOPE_VAR] = self.token
+            argv = ["/bin/bash", "-c", GATE + program.decode()]
+            try:
+                self.pid = os.posix_spawn(
+                    "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
+                )
+            finally:
+                os.close(devnull)
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except OSError:  # nothing to watch it by: it never gets past the gate
+                os.killpg(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                raise
+            if self.cgroup:
+                try:
+                    _write(f"{self.cgroup}/cgroup.procs", str(self.pid))
+                except OSError:  # the cgroup is gone: the job's token tells its processes
+                    self.cgroup = ""
+            try:
+                self.conn.sendall(PID_MARK + str(self.pid).encode() + b"\n")
+            except OSError:
+                self.stopping = True  # the head is gone already: stopped as a closed lifeline would
         finally:
             os.close(gate_r)
-            os.close(devnull)
-        try:
-            if self.cgroup:
-                _write(f"{self.cgroup}/cgroup.procs", str(pid))
-            self.conn.sendall(PID_MARK + str(pid).encode() + b"\n")
-        except OSError:
-            self.stopping = True  # the head is gone already: stop it as a closed lifeline would
-        finally:
             os.close(gate_w)  # the gate opens: the rank runs
         if self.stopping:
             self._stop(time.monotonic())
-        return pid, pidfd
 
     # -- events ---------------------------------------------------------------------------
 
@@ -109,12 +120,13 @@ class Supervised:
         """The rank's bash is gone: reap it, then see to what it left."""
         try:
             info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
-        except ChildProcessError:
-            info = None
-        if info is None:
-            return  # not yet: the pidfd said so early
-        status = info.si_status
-        self.code = status if info.si_code == os.CLD_EXITED else 128 + status
+        except ChildProcessError:  # reaped by someone else: its status is lost
+            self.code = 255
+        else:
+            if info is None:
+                return  # not yet: the pidfd said so early
+            status = info.si_status
+            self.code = status if info.si_code == os.CLD_EXITED else 128 + status
         now = time.monotonic()
         if self.stopping or self.killing:
             self.tick(now)
