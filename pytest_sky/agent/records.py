@@ -45,8 +45,7 @@ def _allocate_job(home: str, cluster: str) -> tuple[int, str, str]:
         except (OSError, ValueError):
             last = 0
         job_id = last + 1
-        # Fixed width: a write cut short by a crash leaves the old id's digits, never fewer.
-        rewrite(counter, f"{job_id:<20}\n")
+        rewrite(counter, str(job_id))
     job_dir = os.path.join(jobs, str(job_id))
     os.makedirs(job_dir, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime()) + f"-{int(time.time() * 1e6) % 1_000_000:06d}"

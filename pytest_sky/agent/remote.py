@@ -65,8 +65,9 @@ def secret() -> bytes | None:
 
 
 class Remote:
-    """One worker rank's process, as :class:`~pytest_sky.agent.rank.Rank` drives it: the same
-    calls as a local :class:`~pytest_sky.agent.rank.Child`, its output opened by the reader."""
+    """One rank's process reached through its node's server (or ssh), as
+    :class:`~pytest_sky.agent.rank.Rank` drives it: the same calls as a local
+    :class:`~pytest_sky.agent.rank.Child`, its output opened by the reader."""
 
     def __init__(self, node: NodeRef, program: str, secret: bytes | None, fallback: Callable[[], list[str]]) -> None:
         self.node = node
