@@ -187,3 +187,18 @@ def cmdline(pid: int) -> list[str] | None:
 def pids() -> list[int]:
     """Every pid in this PID namespace's ``/proc`` (processes, not threads)."""
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def carrying(entry: bytes) -> list[int]:
+    """Every process whose environment holds ``entry`` (``NAME=value``, a job's token): those
+    of other users, and processes gone meanwhile, are passed over."""
+    found = []
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in env.split(b"\0"):
+            found.append(pid)
+    return found

@@ -97,6 +97,15 @@ def job_cgroup(name: str) -> str:
     return path
 
 
+def remove_cgroup(path: str) -> None:
+    """A rank's job cgroup, once its rank is over; left where a process of the rank is still
+    in it (the node's teardown removes it)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def cgroup_root() -> str:
     """Where this node's cgroup2 is mounted writable (its last such mount, as the
     supervisor reads it); ``"-"`` for none.  Read once per process."""
@@ -267,10 +276,7 @@ class Rank:
         code = self.proc.wait()
         self.code = 128 - code if code < 0 else code
         if self.cgroup != "-":
-            try:
-                os.rmdir(self.cgroup)  # empty: its supervisor killed what was left before it ended
-            except OSError:
-                pass
+            remove_cgroup(self.cgroup)  # empty: its supervisor killed what was left before it ended
 
     def describe(self) -> str:
         where = "head" if self.rank == 0 else f"{self.node.name}, {self.node.ip}"

@@ -310,7 +310,7 @@ class _Doorman:
         """The rank, in a cgroup made here and named by this server and a count: supervised
         here (:class:`~pytest_sky.agent.supervisor.Supervised`) where pidfds work, else by
         its bash supervisor, with the connection its stdin (its lifeline) and stdout."""
-        from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup
+        from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup, remove_cgroup
 
         conn = self._forget(caller)
         cgroup = job_cgroup(f"{os.getpid()}-{next(self.made)}")
@@ -319,7 +319,7 @@ class _Doorman:
                 rank = Supervised(conn, caller.program, caller.mark, cgroup)
             except OSError:
                 conn.close()
-                _remove(cgroup)
+                remove_cgroup(cgroup)
                 return
             self.ranks[rank.pidfd] = rank
             self.lifelines[conn.fileno()] = rank
@@ -333,7 +333,7 @@ class _Doorman:
         try:
             os.posix_spawn("/bin/bash", argv, os.environ, file_actions=actions, setsigdef=SESSION_DEFAULTS)
         except OSError:
-            _remove(cgroup)
+            remove_cgroup(cgroup)
         finally:
             conn.close()
 
@@ -400,10 +400,3 @@ def _pidfds_work() -> bool:
     except (AttributeError, OSError):
         return False
     return True
-
-
-def _remove(cgroup: str) -> None:
-    try:
-        os.rmdir(cgroup)
-    except OSError:
-        pass  # a process of the rank is still in it: the node's teardown removes it

@@ -32,7 +32,8 @@ import signal
 import socket
 import time
 
-from pytest_sky import shell
+from pytest_sky import procs, shell
+from pytest_sky.agent.rank import PID_MARK, remove_cgroup
 from pytest_sky.protocol import EXIT_MARK
 
 #: How long a stopped job has to end after SIGTERM (the bash supervisor's 50 ticks).
@@ -46,7 +47,6 @@ TICK_SECONDS = 0.05
 #: line numbers bash names in errors stay the task's): wait at the gate, then close it.
 GATE = "read -r _ <&3; exec 3<&-; "
 
-PID_MARK = shell.PID_MARK.encode() + b" "
 #: What a rank's process starts with at their defaults, as an sshd session's would: the
 #: server ignores them (or, SIGPIPE, Python does).
 SESSION_DEFAULTS = (signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)
@@ -185,10 +185,7 @@ class Supervised:
         self.conn.close()
         os.close(self.pidfd)
         if self.cgroup:
-            try:
-                os.rmdir(self.cgroup)
-            except OSError:
-                pass  # a process of the rank is still in it: the node's teardown removes it
+            remove_cgroup(self.cgroup)
 
     # -- the job's account ----------------------------------------------------------------
 
@@ -203,7 +200,7 @@ class Supervised:
             except OSError:
                 pass
         else:
-            found = _carrying(f"{shell.JOB_SCOPE_VAR}={self.token}".encode())
+            found = procs.carrying(f"{shell.JOB_SCOPE_VAR}={self.token}".encode())
         if self.code is None and self.pid not in found:
             found.append(self.pid)
         return found
@@ -226,22 +223,6 @@ class Supervised:
                 os.killpg(self.pid, sig)
             except OSError:
                 pass
-
-
-def _carrying(entry: bytes) -> list[int]:
-    """Every process whose environment holds ``entry`` (a job's token)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if entry in env.split(b"\0"):
-            found.append(int(name))
-    return found
 
 
 def _write(path: str, text: str) -> None:
