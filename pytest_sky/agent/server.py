@@ -123,9 +123,10 @@ def _serve(run: Runner, told: int) -> None:
     os.close(told)
     _preload()
     # Children reap themselves, unless the server supervises ranks: it needs their status.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL if _pidfds_work() else signal.SIG_IGN)
+    pidfds = _pidfds_work()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL if pidfds else signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    _Doorman(listener, door, run).forever()
+    _Doorman(listener, door, run, pidfds).forever()
 
 
 def _preload() -> None:
@@ -164,7 +165,7 @@ class _Doorman:
     forked interpreters (their copy-on-write faults, then their exec) had been over a third
     of a run's CPU, and then the bash supervisors half of what was left."""
 
-    def __init__(self, listener: socket.socket, door: bytes, run: Runner) -> None:
+    def __init__(self, listener: socket.socket, door: bytes, run: Runner, pidfds: bool) -> None:
         self.listener = listener
         self.door = door
         self.run = run
@@ -172,7 +173,7 @@ class _Doorman:
         self.callers: dict[int, _Caller] = {}
         #: Where this kernel (and a pod's seccomp profile) lets the server watch its children
         #: by pidfd, it supervises each rank itself; elsewhere each rank has its bash supervisor.
-        self.pidfds = _pidfds_work()
+        self.pidfds = pidfds
         #: The ranks it supervises, by their bash's pidfd and by their connection.
         self.ranks: dict[int, Supervised] = {}
         self.lifelines: dict[int, Supervised] = {}
