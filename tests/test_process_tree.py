@@ -62,9 +62,19 @@ def left_on_nodes(c) -> list[str]:
     return [r.stdout.strip() for r in c.run(COUNT).ranks]
 
 
+# Rank 1 fails only once the head's rank has said "all-started" (asked over ssh, as any node
+# may): the failure then stops two ranks that both spawned their escapes, however late the
+# head's rank started.
+HEAD_STARTED = (
+    'head=$(echo "$SKYPILOT_NODE_IPS" | head -n 1); '
+    'until ssh -o BatchMode=yes "$head" test -e /tmp/tree-started; do sleep 0.05; done; '
+)
+
+
 def test_a_failed_run_leaves_no_process_on_any_node(cluster):
     start = time.monotonic()
-    res = cluster.run(ESCAPES + STARTED + '[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 3; sleep 1000')
+    fail = f'[ "$SKYPILOT_NODE_RANK" = 1 ] && {{ {HEAD_STARTED}exit 3; }}; '
+    res = cluster.run(ESCAPES + STARTED + "touch /tmp/tree-started; " + fail + "sleep 1000")
     assert res.returncode == 3
     assert all("all-started" in r.stdout for r in res.ranks)  # both ranks got to spawn them
     assert time.monotonic() - start < 8
