@@ -226,3 +226,46 @@ def test_a_worker_whose_server_port_is_silent_gets_its_ranks_over_ssh(module_hom
             assert [r.stdout for r in res.ranks] == ["served\n", "not-served\n"], res.output
         remembered = cluster.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || ls ~/.sky/agent-filtered')
         assert remembered.ranks[0].stdout == f"{cluster.node_ips[1]}\n", remembered.output
+
+
+# Whether the rank's shell has a bash supervisor (argv ``psky-rank``) among its ancestors.
+UNDER_BASH_SUPERVISOR = (
+    'p=$BASHPID; while [ "$p" -gt 1 ]; do p=$(sed -n "s/^PPid:\\s*//p" /proc/$p/status); '
+    'tr "\\0" " " </proc/$p/cmdline | grep -q " psky-rank " && { echo bash-supervisor; exit 0; }; done; '
+    "echo server-itself"
+)
+PIDFD_OPEN = "python3 -c 'import os; os.pidfd_open(os.getpid())' 2>&1 | tail -n 1"
+
+
+def test_where_a_pods_profile_refuses_pidfds_each_server_hands_its_ranks_to_a_bash_supervisor(
+    module_home: Path,
+) -> None:
+    """An older container runtime's seccomp profile refuses pidfd_open: the server cannot
+    watch a rank by pidfd, so it spawns the rank's bash supervisor, which then keeps the same
+    contract (output, exit codes, a lifeline that stops the whole job, no cgroup left)."""
+    import time
+
+    from pytest_sky.agent.supervisor import GRACE_SECONDS
+    from pytest_sky.errors import RunTimeoutError
+
+    name = f"nopidfd-{os.getpid() % 10000}"
+    options = {"node_refused_syscalls": ["pidfd_open"]}
+    with pytest_sky.launch(num_nodes=2, name=name, backend_options=options) as cluster:
+        serve(cluster)
+        refused = cluster.run(PIDFD_OPEN)
+        assert [r.stdout for r in refused.ranks] == ["PermissionError: [Errno 1] Operation not permitted\n"] * 2
+        res = cluster.run(SERVED + "; " + UNDER_BASH_SUPERVISOR)
+        assert [r.stdout for r in res.ranks] == ["served\nbash-supervisor\n"] * 2, res.output
+        failed = cluster.run('[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 3; echo fine')
+        assert failed.returncode == 3 and failed.ranks[1].returncode == 3, failed.output
+        with pytest.raises(RunTimeoutError):  # its lifeline closes: SIGTERM, ignored; SIGKILL after the grace
+            cluster.run("trap '' TERM; sleep 1005", timeout=1)
+        deadline = time.monotonic() + GRACE_SECONDS + 10
+        left = "pgrep -c -f 'sleep 100[5]' || true; ls /sys/fs/cgroup | grep -c '^psky-job-'"
+        while (res := cluster.run(left)).returncode != 0 or [r.stdout.split() for r in res.ranks] != [["0", "1"]] * 2:
+            assert time.monotonic() < deadline, res.output  # "1": the cgroup of the job that counts
+    # And where pidfds work, the server supervises each rank itself.
+    with pytest_sky.launch(num_nodes=2, name=f"{name}-ok") as cluster:
+        serve(cluster)
+        res = cluster.run(UNDER_BASH_SUPERVISOR)
+        assert [r.stdout for r in res.ranks] == ["server-itself\n"] * 2, res.output

@@ -28,15 +28,19 @@ COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"
 STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started; '
 
 
-def _two_nodes(kind: str, served: bool):
+def _two_nodes(kind: str, served: bool, pidfds: bool = True):
     """Two nodes with writable cgroups (local nodes), or with none (as pods see them).
     ``served``: after two runs, which started every node's agent server, so that the next
     run's ranks are supervised by the servers (``agent.supervisor``); else its next run is
-    its first, whose ranks run under the bash supervisor (``shell/rank_supervisor.sh``)."""
+    its first, whose ranks run under the bash supervisor (``shell/rank_supervisor.sh``).
+    ``pidfds=False``: the nodes' seccomp profile refuses pidfd_open, as an older runtime's
+    does, and each server hands its ranks to a bash supervisor instead."""
     if kind == "cgroup" and ROOTLESS:
         pytest.skip("rootless nodes have no cgroups (none are the user's to give): the fallback runs")
-    options = {"node_cgroups": "ro"} if kind == "fallback" else {}
-    name = f"tree-{kind[:2]}{'-s' * served}-{os.getpid() % 10000}"
+    options: dict[str, object] = {"node_cgroups": "ro"} if kind == "fallback" else {}
+    if not pidfds:
+        options["node_refused_syscalls"] = ["pidfd_open"]
+    name = f"tree-{kind[:2]}{'-s' * served}{'-n' * (not pidfds)}-{os.getpid() % 10000}"
     c = pytest_sky.launch(num_nodes=2, name=name, backend_options=options)
     try:
         for _ in range(2 * served):
@@ -46,10 +50,13 @@ def _two_nodes(kind: str, served: bool):
         c.down()
 
 
-@pytest.fixture(params=["cgroup", "fallback", "cgroup-served", "fallback-served"])
+KINDS = ["cgroup", "fallback", "cgroup-served", "fallback-served", "cgroup-served-nopidfd", "fallback-served-nopidfd"]
+
+
+@pytest.fixture(params=KINDS)
 def cluster(request: pytest.FixtureRequest, home: Path):
-    kind, _, served = request.param.partition("-")
-    yield from _two_nodes(kind, bool(served))
+    kind, *flags = request.param.split("-")
+    yield from _two_nodes(kind, "served" in flags, pidfds="nopidfd" not in flags)
 
 
 @pytest.fixture(params=["cgroup", "fallback"])

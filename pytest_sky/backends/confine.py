@@ -1,4 +1,5 @@
-"""A node's confinement, as its init applies it: capabilities, no_new_privs, namespaced sysctls.
+"""A node's confinement, as its init applies it: capabilities, no_new_privs, namespaced sysctls,
+the system calls a seccomp profile refuses.
 
 Standard library only, importing nothing of pytest-sky: ``nodeinit`` (a node's start) runs as
 a program of its own and imports this file from its directory; in the package it is
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import struct
 from dataclasses import dataclass, field
 
 #: The kernel's capability numbers (``include/uapi/linux/capability.h``), by the names a
@@ -61,6 +64,15 @@ CAPABILITY_BITS = {
 }
 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+
+#: The system calls a profile may refuse here, by name: those whose absence the agent copes
+#: with (pidfds, Linux 5.3, which a container runtime's older default profile refuses).  Newer
+#: calls share one number on every architecture.
+SYSCALL_NUMBERS = {"pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438}
+#: The audit architecture a filter checks first (``include/uapi/linux/audit.h``): a call made
+#: in another ABI has other numbers, and is let through.
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -78,6 +90,9 @@ class Confinement:
     readonly_paths: list[str] = field(default_factory=list)
     masked_paths: list[str] = field(default_factory=list)
     sysctls: list[tuple[str, str]] = field(default_factory=list)  # namespaced ones: net.*, kernel.shm*
+    #: System calls its seccomp profile refuses with EPERM (names in SYSCALL_NUMBERS), as an
+    #: older runtime's default profile refuses pidfd_open.  None by default: today's allow it.
+    refused_syscalls: list[str] = field(default_factory=list)
 
 
 class ConfineError(Exception):
@@ -108,10 +123,36 @@ def capability_mask(names: list[str]) -> int:
     return sum(1 << CAPABILITY_BITS[name] for name in names)
 
 
+def refuse_syscalls(names: list[str]) -> None:
+    """A seccomp filter that fails each of ``names`` with EPERM and lets every other call
+    through, inherited by all the node runs.  Installed while the init still holds
+    CAP_SYS_ADMIN (in its user namespace), as a runtime installs a profile before it drops
+    the capabilities, so that no_new_privs stays what the pod asked for."""
+    # Classic BPF over struct seccomp_data: the architecture at offset 4, the number at 0.
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    numbers = [SYSCALL_NUMBERS[name] for name in names]
+    arch = AUDIT_ARCH.get(platform.machine())
+    if arch is None:
+        raise ConfineError(f"refusing system calls: no seccomp architecture known for {platform.machine()}")
+    steps = [(ld_abs, 0, 0, 4), (jeq, 0, len(numbers) + 1, arch), (ld_abs, 0, 0, 0)]
+    # Each number jumps to the last step (refuse); falling through them all reaches allow.
+    steps += [(jeq, len(numbers) - i, 0, n) for i, n in enumerate(numbers)]
+    steps += [(ret, 0, 0, allow), (ret, 0, 0, refuse)]
+    code = b"".join(struct.pack("=HBBI", *step) for step in steps)
+    filters = ctypes.create_string_buffer(code, len(code))
+    prog = struct.pack("@HP", len(steps), ctypes.addressof(filters))  # struct sock_fprog
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(prog), 0, 0) != 0:
+        raise ConfineError(f"seccomp filter refusing {', '.join(names)}: {os.strerror(ctypes.get_errno())}")
+
+
 def drop_privileges(confinement: Confinement) -> None:
-    """The last step before the node's first process is exec'd: the bounding set cut to the
-    node's capabilities (so nothing exec'd later, root or setuid, regains more), ambient and
-    inheritable cleared, permitted and effective set to them; then no_new_privs if asked."""
+    """The last step before the node's first process is exec'd: the system calls its profile
+    refuses, then the bounding set cut to the node's capabilities (so nothing exec'd later,
+    root or setuid, regains more), ambient and inheritable cleared, permitted and effective
+    set to them; then no_new_privs if asked."""
+    if confinement.refused_syscalls:
+        refuse_syscalls(confinement.refused_syscalls)
     if not confinement.privileged:
         keep = capability_mask(confinement.capabilities)
         with open("/proc/sys/kernel/cap_last_cap") as f:

@@ -15,6 +15,7 @@ through the holder's door (DESIGN.md section 5, "Rootless").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import logging
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
-from pytest_sky.backends import clusterns, netns, privileges
+from pytest_sky.backends import clusterns, confine, netns, privileges
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.backends.local_journal import LocalJournal
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
@@ -104,6 +105,7 @@ class LocalBackend(Backend):
         devices: list[str] | None = None,
         node_cgroups: str = "rw",
         private_root: bool = True,
+        node_refused_syscalls: list[str] | None = None,
     ) -> None:
         self.mtu = int(mtu or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
@@ -117,6 +119,9 @@ class LocalBackend(Backend):
         #: How nodes see their cgroup: "rw" as a machine does; "ro" as a Kubernetes pod does
         #: (tests of the agent's fallback for pods use it).
         self.node_cgroups = node_cgroups
+        #: System calls the nodes' seccomp profile refuses, as an older runtime's refuses
+        #: pidfd_open (tests of the agent's fallback for such pods use it).
+        self.node_refused_syscalls = _refusable(node_refused_syscalls or [])
         self._nodes: dict[str, list[netns.NodeProcess]] = {}
 
     # -- interface -------------------------------------------------------------------------
@@ -477,10 +482,21 @@ class LocalBackend(Backend):
                     layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
                     hide=[config.cluster_dir.parent.parent] if self.private_root else [],
                     # What its pod would hold on Kubernetes, and exactly its GPUs.
-                    confinement=privileges.for_node(config.privileges, gpus.device_files(shares[node.rank])),
+                    confinement=dataclasses.replace(
+                        privileges.for_node(config.privileges, gpus.device_files(shares[node.rank])),
+                        refused_syscalls=self.node_refused_syscalls,
+                    ),
                 )
             )
         return specs
+
+
+def _refusable(names: list[str]) -> list[str]:
+    unknown = sorted(set(names) - set(confine.SYSCALL_NUMBERS))
+    if unknown:
+        known = ", ".join(confine.SYSCALL_NUMBERS)
+        raise ProvisionError(f"node_refused_syscalls: {', '.join(unknown)} cannot be refused here (known: {known})")
+    return list(names)
 
 
 def _wait_ready(started: list[netns.NodeProcess], timeout: float, holder: netns.Holder | None = None) -> None:
