@@ -303,6 +303,14 @@ def test_mtu_option(sky_home: Path):
         LocalBackend(mtu=70000)
 
 
+def test_a_system_call_the_nodes_cannot_refuse_is_one_line():
+    with pytest.raises(ProvisionError) as info:
+        LocalBackend(node_refused_syscalls=["pidfd_open", "fork"])
+    assert str(info.value) == (
+        "node_refused_syscalls: fork cannot be refused here (known: pidfd_send_signal, pidfd_open, pidfd_getfd)"
+    )
+
+
 def test_root_without_its_capabilities_is_told_what_to_do():
     """An ordinary user gets a rootless cluster (``tests/test_rootless.py``); root whose
     capabilities a restricted container dropped gets one line."""

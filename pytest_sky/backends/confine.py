@@ -91,7 +91,7 @@ class Confinement:
     masked_paths: list[str] = field(default_factory=list)
     sysctls: list[tuple[str, str]] = field(default_factory=list)  # namespaced ones: net.*, kernel.shm*
     #: System calls its seccomp profile refuses with EPERM (names in SYSCALL_NUMBERS), as an
-    #: older runtime's default profile refuses pidfd_open.  None by default: today's allow it.
+    #: older runtime's default profile refuses pidfd_open.  Empty by default: today's allow it.
     refused_syscalls: list[str] = field(default_factory=list)
 
 
