@@ -23,8 +23,10 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-def sky(home: Path, *args: str, timeout: float = 120, check_rc: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+def sky(
+    home: Path, *args: str, timeout: float = 120, check_rc: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1", **(env or {})}
     proc = subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
     if check_rc is not None:
         assert proc.returncode == check_rc, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -71,7 +73,11 @@ def test_status_queue_logs_cancel(home: Path, dev: str):
     assert sorted(line.split(") ")[1] for line in logs if line.startswith("(")) == ["from-0", "from-1"]
     assert logs[-1] == "Job finished (status: SUCCEEDED)."
     assert "Cancelled job ID(s): 2" in sky(home, "cancel", dev, "2", check_rc=0).stdout
-    assert "CANCELLED" in sky(home, "queue", dev, check_rc=0).stdout
+    # A command that connects leaves out paramiko's import of invoke (a quarter of its CPU).
+    profiled = sky(home, "queue", dev, check_rc=0, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert "CANCELLED" in profiled.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in profiled.stderr.splitlines() if "|" in line}
+    assert "paramiko.transport" in imported and "invoke.tasks" not in imported, sorted(imported)
 
 
 def test_ssh_to_head_and_workers(home: Path, dev: str):
