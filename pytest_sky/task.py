@@ -39,7 +39,6 @@ from pytest_sky.resources import (
     format_value,
     unknown_key_message,
 )
-from pytest_sky.task_file import MAX_TASK_FILE_BYTES, MAX_TASK_FILE_TEXT, parse_yaml, read_task_file
 
 MAX_NUM_NODES = 256
 MAX_NAME_LENGTH = 63
@@ -325,6 +324,9 @@ class Task:
         base_dir: StrPath | None = None,
     ) -> Task:
         """Read a task from YAML text; ``source`` names it in error messages."""
+        # PyYAML only where a task is read: most commands (queue, logs, a command's exec) read none.
+        from pytest_sky.task_file import MAX_TASK_FILE_BYTES, MAX_TASK_FILE_TEXT, parse_yaml
+
         try:
             if not isinstance(text, str):
                 raise TaskError(f"task YAML must be text, got {type(text).__name__}")
@@ -357,6 +359,8 @@ class Task:
         directory, as ``sky`` resolves them."""
         if not isinstance(path, (str, os.PathLike)):
             raise TaskError(f"task file path must be a string or path, got {format_value(path)}")
+        from pytest_sky.task_file import read_task_file
+
         shown = os.fspath(path)
         text = read_task_file(shown)
         if base_dir is None:
