@@ -22,7 +22,7 @@ from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, ProvisionConfig
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges
 from pytest_sky.cluster_info import ClusterInfo
-from pytest_sky.errors import ProvisionError, SkyError
+from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import ClusterRecord, ClusterResources, ClusterStatus, StateStore
@@ -225,12 +225,21 @@ def reap(store: StateStore | None = None) -> list[str]:
             log.warning("could not reap cluster %s: %s", record.name, exc)
             continue
         reaped.append(record.name)
+    return reaped + reap_strays(store)
+
+
+def reap_strays(store: StateStore) -> list[str]:
+    """Remove what no record owns: files a killed process was deleting, and local nodes,
+    links and cgroups whose cluster lost its record or whose state directory is gone
+    (``LocalBackend.reap_stray_links``); what went, as the reaper's report names it."""
     for path in store.stale_trash():  # a process killed while it deleted a cluster's files
         shutil.rmtree(path, ignore_errors=True)
-    try:
-        from pytest_sky.backends.local import LocalBackend
+    from pytest_sky.backends.local import LocalBackend
 
-        reaped += [f"link {n}" for n in LocalBackend().reap_stray_links(store.root / "clusters")]
+    try:
+        return LocalBackend().reap_stray_links(store.root / "clusters")
+    except BackendUnavailableError:
+        return []  # no local nodes can run here (no `ip`, say): none can be left either
     except (SkyError, OSError) as exc:
         log.warning("could not reap stray links: %s", exc)
-    return reaped
+        return []

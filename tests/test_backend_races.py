@@ -50,7 +50,7 @@ def test_a_bridge_whose_creator_died_before_naming_it_is_reaped(tmp_path: Path) 
     name = local.bridge_name(index)
     subprocess.run([IP, "link", "add", name, "type", "bridge"], check=True)  # nobody holds the lock
     try:
-        assert name in LocalBackend().reap_stray_links(tmp_path / "clusters")
+        assert f"link {name}" in LocalBackend().reap_stray_links(tmp_path / "clusters")
         assert not netns.link_exists(name)
     finally:
         netns.delete_links(IP, [name])

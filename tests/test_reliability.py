@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 
 import pytest_sky
 from pytest_sky.job import JobStatus
-from tests.leftovers import our_links
+from tests.leftovers import our_links, processes_mentioning
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
 
@@ -54,6 +55,40 @@ def test_doctor_lists_what_is_left_and_down_all_removes_it(home: Path):
     assert our_links(home) == []
     doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert not [line for line in doctor.stdout.splitlines() if str(home) in line or "rel-doctor" in line]
+
+
+def test_nodes_whose_state_directory_was_deleted_are_removed_by_down_all(home: Path, tmp_path: Path):
+    """A user deletes the state directory (or pytest its old temporary one) while a cluster
+    runs: no record is left to tear it down.  ``doctor`` lists its nodes and says what to
+    run; ``down --all``, from any state directory, removes them."""
+    lost = tmp_path / "lost-home"
+    code = "import os, pytest_sky\npytest_sky.launch(num_nodes=2, name='rel-lost')\nos._exit(0)\n"
+    lost_env = {**os.environ, "PYTEST_SKY_HOME": str(lost)}
+    subprocess.run([sys.executable, "-c", code], env=lost_env, check=True, timeout=120)
+    shutil.rmtree(lost)
+    try:
+        _down_all_removes_what_lost_its_state(home, lost)
+    finally:  # should it not: by the nodes' markers and the links' aliases, as the leak check tells them
+        from pytest_sky.backends import netns
+
+        netns.reap_nodes([], node_dirs=str(lost))
+        links = our_links(lost)
+        netns.kill_cgroups([netns.node_cgroup(n) for n in links])
+        netns.delete_links(netns.require_tools()["ip"], links)
+
+
+def _down_all_removes_what_lost_its_state(home: Path, lost: Path) -> None:
+    assert our_links(lost) and processes_mentioning(str(lost))
+    env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
+    doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 1 and f"{lost}/clusters/rel-lost" in doctor.stdout, doctor.stdout
+    assert "pytest-sky down --all" in doctor.stderr, doctor.stderr
+    down = subprocess.run([SCRIPT, "down", "--all"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert down.returncode == 0, down.stderr
+    assert "node process" in down.stdout and "removed (no cluster owned it)" in down.stdout, down.stdout
+    assert our_links(lost) == [] and processes_mentioning(str(lost)) == []
+    doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert str(lost) not in doctor.stdout, doctor.stdout
 
 
 def test_xdist_worker_crash_is_cleaned_up_by_the_next_run(pytester: pytest.Pytester, home: Path):

@@ -276,7 +276,9 @@ class LocalBackend(Backend):
             netns.delete_links(tools["ip"], state.veths)
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
-        """Bridges of ours that no cluster owns, and empty node cgroups whose bridge is gone.
+        """Nodes that no record owns (``netns.reap_abandoned``: their state directory was
+        deleted while they ran, say), bridges of ours that no cluster owns, and empty node
+        cgroups whose bridge is gone; each as the reaper's report names it (``link psky3``).
 
         A bridge is a stray when its alias names a cluster directory under ``clusters_dir``
         with no record left, or when it has no owner at all, seen under the exclusive
@@ -301,16 +303,18 @@ class LocalBackend(Backend):
         if self.rootless:  # nothing of a rootless cluster is on the host but its holder
             return netns.reap_stray_holders(clusters_dir)
         with netns.link_lock(exclusive=True):
+            gone = netns.reap_abandoned(netns.require_tools()["ip"], clusters_dir)
             doomed = [n for n in os.listdir("/sys/class/net") if stray(n)]
             if doomed:
                 netns.delete_links(netns.require_tools()["ip"], doomed)
+        gone += [f"link {n}" for n in doomed]
         for path in netns.orphaned_cgroups():
             try:
                 path.rmdir()  # only an empty one: a populated cgroup is a live node's
-                doomed.append(f"cgroup {path.name}")
+                gone.append(f"cgroup {path.name}")
             except OSError:
                 pass
-        return doomed
+        return gone
 
     # -- faults ----------------------------------------------------------------------------
 

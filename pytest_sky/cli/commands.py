@@ -449,7 +449,14 @@ def cmd_down(args: argparse.Namespace) -> int:
             f"not torn down: {', '.join(failed)}; if that cannot be fixed, `pytest-sky down --purge "
             f"{' '.join(failed)}` forgets them anyway and says what may be left where"
         )
-    if not names:
+    strays = []
+    if args.all:  # and what no record owns any more (its state directory deleted, say)
+        from pytest_sky.lifecycle import reap_strays
+
+        strays = reap_strays(store)
+    for what in strays:
+        print(f"{what}: removed (no cluster owned it)")
+    if not names and not strays:
         print("no clusters")
     return 0
 
@@ -542,4 +549,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(line)
     if not found:
         print("nothing of pytest-sky is left on this machine")
+    else:
+        console.hint("`pytest-sky down --all` tears down your clusters and removes what no cluster owns")
     return 1 if found else 0

@@ -101,7 +101,7 @@ from pytest_sky.backends.netns.preflight import (
     require_privileges,
     require_tools,
 )
-from pytest_sky.backends.netns.reap import kill_and_wait, node_processes, reap_nodes, stop_nodes
+from pytest_sky.backends.netns.reap import kill_and_wait, node_processes, reap_abandoned, reap_nodes, stop_nodes
 from pytest_sky.backends.netns.spawn import NODE_INIT, start_nodes
 from pytest_sky.backends.netns.userns import (
     HOLDER_MARKER,
@@ -166,6 +166,7 @@ __all__ = [
     "node_user",
     "orphaned_cgroups",
     "prepare_layers",
+    "reap_abandoned",
     "reap_nodes",
     "reap_stray_holders",
     "require_privileges",

@@ -4,6 +4,7 @@ record keeps it for a later process (:class:`NodeRecord`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,9 @@ from pytest_sky.backends.confine import Confinement
 NODE_LOG, NODE_EXIT = "node.log", "node.exit"
 #: Root's home on a node with a root of its own (``NodeSpec.layers``): its ``root/home``.
 NODE_HOME = naming.NODE_HOME
+#: In the command line of a node's keeper (and of the spawner that forked it), before the
+#: node's directory: how the reaper and the leak check tell our processes and whose they are.
+NODE_MARKER = "psky-node:"
 #: The PATH of a node's first process (sshd, or a pod's command).
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -154,3 +158,20 @@ class NodeRecord:
             return []
         init = [self.init_pid] if self.init_pid and procs.parent_pid(self.init_pid) == self.pid else []
         return [*init, self.pid]
+
+
+def abandoned(owner: str, clusters_dir: Path) -> bool:
+    """Whether no record is left that could tear down what ``owner`` names (a cluster's
+    directory, or one of its nodes'): a cluster of ``clusters_dir`` without a record (a
+    launch claims its record before it starts anything, so what has none lost it), or a
+    directory gone altogether (a state directory deleted while its clusters ran: nothing
+    lists them any more).  A directory this user may not read is someone else's: never."""
+    path = Path(owner)
+    cluster = path.parent.parent if path.parent.name == "nodes" else path
+    try:
+        os.stat(cluster)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return cluster.parent == clusters_dir and not (cluster / "record.json").exists()

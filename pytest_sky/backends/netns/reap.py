@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_sky import procs
-from pytest_sky.backends.netns.cgroups import kill_cgroups, signal_cgroups
-from pytest_sky.backends.netns.links import delete_cluster_links, delete_links
-from pytest_sky.backends.netns.nodes import NodeProcess, NodeRecord
+from pytest_sky.backends.netns.cgroups import kill_cgroups, node_cgroup, signal_cgroups
+from pytest_sky.backends.netns.links import LINK_PREFIX, delete_cluster_links, delete_links, link_alias
+from pytest_sky.backends.netns.nodes import NODE_MARKER, NodeProcess, NodeRecord, abandoned
 from pytest_sky.procs import kill_and_wait
 
 log = logging.getLogger(__name__)
@@ -29,10 +32,10 @@ def node_processes(marker_prefix: str = "") -> list[tuple[int, str]]:
     for pid in procs.pids():
         args = procs.cmdline(pid)
         cmd = " ".join(args).strip() if args else ""
-        ours = "psky-node:" in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd)
+        ours = NODE_MARKER in cmd or ("sshd" in cmd and "/nodes/" in cmd and "sshd_config" in cmd)
         if not ours or not procs.is_alive(pid):  # a zombie is dead for our purposes: pid 1 reaps late
             continue
-        if marker_prefix and f"psky-node:{marker_prefix}" not in cmd and marker_prefix not in cmd:
+        if marker_prefix and f"{NODE_MARKER}{marker_prefix}" not in cmd and marker_prefix not in cmd:
             continue
         found.append((pid, cmd[:200]))
     return found
@@ -81,3 +84,22 @@ def stop_nodes(ip: str, nodes: Sequence[NodeProcess], *, bridge: str | None = No
         log.warning("node processes still alive after SIGKILL: %s", survivors)
     if stuck:
         log.warning("node cgroups not removed: %s", stuck)
+
+
+def reap_abandoned(ip: str, clusters_dir: Path) -> list[str]:
+    """Kill the nodes that no record owns (:func:`abandoned`), then delete their links and
+    cgroups; what went, for the reaper's report.  The nodes are told by the markers their
+    keepers carry (``psky-node:<node dir>``), their links by their aliases."""
+    pids, gone = [], []
+    for pid, _ in node_processes():
+        dirs = [a.removeprefix(NODE_MARKER) for a in procs.cmdline(pid) or [] if a.startswith(NODE_MARKER)]
+        if dirs and all(abandoned(d, clusters_dir) for d in dirs):
+            pids += [child_pid(pid), pid]
+            gone.append(f"node process {pid}")
+    kill_and_wait([p for p in pids if p])
+    links = [n for n in sorted(os.listdir("/sys/class/net")) if re.fullmatch(rf"{LINK_PREFIX}\d+[np]?\d*", n)]
+    owned = {n: link_alias(n) for n in links}
+    doomed = [n for n, owner in owned.items() if owner and abandoned(owner, clusters_dir)]
+    kill_cgroups([node_cgroup(n) for n in doomed])
+    delete_links(ip, doomed)
+    return gone + [f"link {n}" for n in doomed]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pytest_sky.backends.netns.cgroups import kill_cgroups, make_cgroup, node_cgroup
 from pytest_sky.backends.netns.links import delete_links
-from pytest_sky.backends.netns.nodes import NODE_PATH, NodeProcess, NodeSpec
+from pytest_sky.backends.netns.nodes import NODE_MARKER, NODE_PATH, NodeProcess, NodeSpec
 from pytest_sky.backends.netns.output import Lines, tail
 from pytest_sky.backends.netns.plans import node_plans
 from pytest_sky.backends.netns.reap import stop_nodes
@@ -85,7 +85,7 @@ class _Spawner:
     ) -> None:
         self.specs, self.plans, self.cgroups = specs, plans, cgroups
         self.started: dict[int, NodeProcess] = {}  # every node that said it exists, by index
-        argv = [*enter, sys.executable, "-S", "-I", str(NODE_INIT), *(f"psky-node:{s.root}" for s in specs)]
+        argv = [*enter, sys.executable, "-S", "-I", str(NODE_INIT), *(f"{NODE_MARKER}{s.root}" for s in specs)]
         # A session of its own, as each node's keeper: Ctrl-C in the terminal reaches pytest,
         # which tears nodes down in order, instead of killing them under it.  What the
         # spawner itself might print (a crash) goes to the first node's log.

@@ -31,6 +31,7 @@ from typing import Any
 
 from pytest_sky import procs
 from pytest_sky.backends import clusterns
+from pytest_sky.backends.netns.nodes import abandoned
 from pytest_sky.backends.netns.output import Lines, tail
 from pytest_sky.backends.netns.preflight import holds_root_caps, require_privileges, rootless_tools
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
@@ -188,12 +189,12 @@ def holder_processes(cluster_dir: str = "") -> list[int]:
 
 def reap_stray_holders(clusters_dir: Path) -> list[str]:
     """Kill the holders of cluster directories under ``clusters_dir`` that have no record left
-    (their launch died before it wrote one); what was killed, for the reaper's report."""
+    (their launch died before it wrote one), or whose directories are gone altogether
+    (:func:`~pytest_sky.backends.netns.nodes.abandoned`); what was killed, for the reaper's report."""
     doomed = []
     for pid in holder_processes():
         marker = next((a for a in procs.cmdline(pid) or [] if a.startswith(HOLDER_MARKER)), None)
-        owner = Path(marker.removeprefix(HOLDER_MARKER)) if marker else None
-        if owner is not None and owner.parent == clusters_dir and not (owner / "record.json").exists():
+        if marker is not None and abandoned(marker.removeprefix(HOLDER_MARKER), clusters_dir):
             procs.kill_and_wait([pid])
             doomed.append(f"namespace holder {pid}")
     return doomed
