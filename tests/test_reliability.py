@@ -58,9 +58,9 @@ def test_doctor_lists_what_is_left_and_down_all_removes_it(home: Path):
 
 
 def test_nodes_whose_state_directory_was_deleted_are_removed_by_down_all(home: Path, tmp_path: Path):
-    """A user deletes the state directory (or pytest its old temporary one) while a cluster
-    runs: no record is left to tear it down.  ``doctor`` lists its nodes and says what to
-    run; ``down --all``, from any state directory, removes them."""
+    """A user deletes the state directory while a cluster runs: no record is left to tear it
+    down.  ``doctor`` lists its nodes and says what to run; ``down --all`` with that state
+    directory removes them (and only its own: another's are not its to judge)."""
     lost = tmp_path / "lost-home"
     code = "import os, pytest_sky\npytest_sky.launch(num_nodes=2, name='rel-lost')\nos._exit(0)\n"
     lost_env = {**os.environ, "PYTEST_SKY_HOME": str(lost)}
@@ -82,7 +82,10 @@ def _down_all_removes_what_lost_its_state(home: Path, lost: Path) -> None:
     env = {**os.environ, "PYTEST_SKY_HOME": str(home), "CI": "1"}
     doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert doctor.returncode == 1 and f"{lost}/clusters/rel-lost" in doctor.stdout, doctor.stdout
-    assert "pytest-sky down --all" in doctor.stderr, doctor.stderr
+    assert "pytest-sky down --all" in doctor.stderr and "PYTEST_SKY_HOME" in doctor.stderr, doctor.stderr
+    elsewhere = subprocess.run([SCRIPT, "down", "--all"], env=env, capture_output=True, text=True, timeout=120)
+    assert elsewhere.stdout == "no clusters\n" and our_links(lost), elsewhere.stdout
+    env["PYTEST_SKY_HOME"] = str(lost)
     down = subprocess.run([SCRIPT, "down", "--all"], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert down.returncode == 0, down.stderr
     assert "node process" in down.stdout and "removed (no cluster owned it)" in down.stdout, down.stdout

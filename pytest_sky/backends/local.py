@@ -276,35 +276,28 @@ class LocalBackend(Backend):
             netns.delete_links(tools["ip"], state.veths)
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
-        """Nodes that no record owns (``netns.reap_abandoned``: their state directory was
-        deleted while they ran, say), bridges of ours that no cluster owns, and empty node
-        cgroups whose bridge is gone; each as the reaper's report names it (``link psky3``).
+        """Nodes and links of clusters of ``clusters_dir`` that lost their record
+        (``netns.reap_abandoned``: a launch killed before it recorded them, a state
+        directory deleted while they ran), bridges of ours with no owner at all, and empty
+        node cgroups whose bridge is gone; each as the reaper's report names it.
 
-        A bridge is a stray when its alias names a cluster directory under ``clusters_dir``
-        with no record left, or when it has no owner at all, seen under the exclusive
-        :func:`netns.link_lock`: creators name their bridges while holding it shared, so an
-        unnamed one is a creator's that died in between (no timing guesses).  A bridge with
-        nodes attached, or owned by anything else (another state directory, the emulator),
-        stays."""
+        An unnamed bridge is seen under the exclusive :func:`netns.link_lock`: creators name
+        their bridges while holding it shared, so one without a name is a creator's that died
+        in between (no timing guesses); one with nodes attached stays.  Whatever is owned by
+        anything else (another state directory, the emulator) stays."""
         import re
 
-        def stray(name: str) -> bool:
+        def unnamed(name: str) -> bool:
             base = Path("/sys/class/net") / name
             if not re.fullmatch(rf"{netns.LINK_PREFIX}\d+", name) or any((base / "brif").glob("*")):
                 return False
-            owner = netns.link_alias(name)
-            if owner is None:  # deleted since the listing, by its own cluster's teardown
-                return False
-            if not owner:
-                return True
-            path = Path(owner)
-            return path.parent == clusters_dir and not (path / "record.json").exists()
+            return netns.link_alias(name) == ""  # None: deleted since the listing, by its own teardown
 
         if self.rootless:  # nothing of a rootless cluster is on the host but its holder
             return netns.reap_stray_holders(clusters_dir)
         with netns.link_lock(exclusive=True):
             gone = netns.reap_abandoned(netns.require_tools()["ip"], clusters_dir)
-            doomed = [n for n in os.listdir("/sys/class/net") if stray(n)]
+            doomed = [n for n in os.listdir("/sys/class/net") if unnamed(n)]
             if doomed:
                 netns.delete_links(netns.require_tools()["ip"], doomed)
         gone += [f"link {n}" for n in doomed]

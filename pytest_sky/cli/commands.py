@@ -550,5 +550,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if not found:
         print("nothing of pytest-sky is left on this machine")
     else:
-        console.hint("`pytest-sky down --all` tears down your clusters and removes what no cluster owns")
+        console.hint(
+            "`pytest-sky down --all` tears down the clusters of a state directory (PYTEST_SKY_HOME, "
+            "default ~/.pytest_sky) and removes what is left of those that lost their record"
+        )
     return 1 if found else 0

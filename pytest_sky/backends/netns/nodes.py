@@ -4,7 +4,6 @@ record keeps it for a later process (:class:`NodeRecord`)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,17 +160,11 @@ class NodeRecord:
 
 
 def abandoned(owner: str, clusters_dir: Path) -> bool:
-    """Whether no record is left that could tear down what ``owner`` names (a cluster's
-    directory, or one of its nodes'): a cluster of ``clusters_dir`` without a record (a
-    launch claims its record before it starts anything, so what has none lost it), or a
-    directory gone altogether (a state directory deleted while its clusters ran: nothing
-    lists them any more).  A directory this user may not read is someone else's: never."""
+    """Whether ``owner`` (a cluster's directory, or one of its nodes') is a cluster of
+    ``clusters_dir`` with no record left, so that nothing will ever tear it down: a launch
+    claims its record before it starts anything, so what has none lost it (its launch was
+    killed in between, or its state directory was deleted while it ran).  Another state
+    directory's clusters, or the emulator's, are not this one's to judge."""
     path = Path(owner)
     cluster = path.parent.parent if path.parent.name == "nodes" else path
-    try:
-        os.stat(cluster)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
     return cluster.parent == clusters_dir and not (cluster / "record.json").exists()
