@@ -120,6 +120,12 @@ class KubeClient:
             except OSError:
                 pass
 
+    def configuration(self) -> client.Configuration:
+        """The client's configuration of this context (what a port-forward is opened with)."""
+        self.api()
+        assert self._cfg is not None
+        return self._cfg
+
     def stream_api(self) -> CoreV1Api:
         """A client of its own for each exec or port-forward: the client's ``stream`` swaps its
         ApiClient's request function while it runs, which breaks any other call sharing it."""

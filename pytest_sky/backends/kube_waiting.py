@@ -276,7 +276,7 @@ class PodWaiter:
         last = ""
         while time.monotonic() < deadline:
             try:
-                kube_proxy.read_banner(self.client.stream_api(), self.client.namespace, pod, timeout=10)
+                kube_proxy.read_banner(self.client.configuration(), self.client.namespace, pod, timeout=10)
                 return None
             except Exception as exc:  # noqa: BLE001 - sshd still starting: keep asking
                 refusal = Refusal.of(exc)

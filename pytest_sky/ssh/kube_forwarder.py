@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import queue
 import secrets
 import select
 import signal
@@ -83,10 +82,6 @@ class Forwarder:
         self.path = path
         self.route = route
         self._cfg: Any = None
-        #: API clients between openings.  Making one costs ~9 ms of CPU (its connection pool's
-        #: TLS context), and one can open a single stream at a time: the client's ``stream``
-        #: swaps its request function while the websocket handshake runs.
-        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
 
@@ -123,14 +118,6 @@ class Forwarder:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def _api(self) -> Any:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            from kubernetes import client
-
-            return client.CoreV1Api(client.ApiClient(self._cfg))
-
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             try:
@@ -148,11 +135,7 @@ class Forwarder:
         if request.namespace != self.route.namespace:
             raise ValueError(f"this forwarder serves namespace {self.route.namespace}, not {request.namespace}")
         route = dataclasses.replace(self.route, pod=request.pod, port=request.port)
-        api = self._api()
-        try:
-            forward = kube_proxy.Forward(route, api)
-        finally:
-            self._idle.put(api)  # the handshake is over: the client serves the next opener
+        forward = kube_proxy.Forward(route, self._cfg)
         try:
             banner = kube_proxy.expect_banner(forward.socket, kube_dial.BANNER_TIMEOUT, f"{route.pod}:{route.port}")
         except BaseException:
