@@ -73,7 +73,7 @@ def test_status_queue_logs_cancel(home: Path, dev: str):
     assert sorted(line.split(") ")[1] for line in logs if line.startswith("(")) == ["from-0", "from-1"]
     assert logs[-1] == "Job finished (status: SUCCEEDED)."
     assert "Cancelled job ID(s): 2" in sky(home, "cancel", dev, "2", check_rc=0).stdout
-    # A command that connects leaves out paramiko's import of invoke (a quarter of its CPU),
+    # A command that connects leaves out paramiko's import of invoke (a sixth of its CPU),
     # and one that reads no task file PyYAML.
     profiled = sky(home, "queue", dev, check_rc=0, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert "CANCELLED" in profiled.stdout

@@ -433,8 +433,8 @@ def entry() -> NoReturn:
 
     paramiko imports ``invoke`` for one thing, an ssh_config's ``Match exec``, which pytest-sky
     never asks of it, and goes on without it where it is missing.  That import (with the
-    ``unittest.mock``, ``asyncio`` and YAML it pulls in) was about a quarter of the CPU of every
-    command that connects to a head (measured: ``queue`` 0.45 -> 0.35 CPU-seconds on a day
+    ``unittest.mock``, ``asyncio`` and YAML it pulls in) was about a sixth of the CPU of every
+    command that connects to a head (measured: ``queue`` 0.55 -> 0.46 CPU-seconds on a day
     this machine ran ~2.5x slower).  So this process marks it missing.  :func:`main` itself,
     which tests call in-process, leaves ``sys.modules`` alone."""
     sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]  # import invoke -> ImportError
