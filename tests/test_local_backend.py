@@ -307,7 +307,7 @@ def test_a_system_call_the_nodes_cannot_refuse_is_one_line():
     with pytest.raises(ProvisionError) as info:
         LocalBackend(node_refused_syscalls=["pidfd_open", "fork"])
     assert str(info.value) == (
-        "node_refused_syscalls: fork cannot be refused here (known: pidfd_send_signal, pidfd_open, pidfd_getfd)"
+        "node_refused_syscalls: fork cannot be refused here (known: pidfd_send_signal, pidfd_open, clone3, pidfd_getfd)"
     )
 
 

@@ -28,19 +28,22 @@ COUNT = "pgrep -f 'sleep 100[0-9]' | wc -l"
 STARTED = f'until [ "$({COUNT})" -ge 5 ]; do sleep 0.02; done; echo all-started; '
 
 
-def _two_nodes(kind: str, served: bool, pidfds: bool = True):
+def _two_nodes(kind: str, served: bool, pidfds: bool = True, clone3: bool = True):
     """Two nodes with writable cgroups (local nodes), or with none (as pods see them).
     ``served``: after two runs, which started every node's agent server, so that the next
     run's ranks are supervised by the servers (``agent.supervisor``); else its next run is
     its first, whose ranks run under the bash supervisor (``shell/rank_supervisor.sh``).
     ``pidfds=False``: the nodes' seccomp profile refuses pidfd_open, as an older runtime's
-    does, and each server hands its ranks to a bash supervisor instead."""
+    does, and each server hands its ranks to a bash supervisor instead.  ``clone3=False``:
+    the profile refuses clone3 (ENOSYS, as today's runtimes' do), so a server cannot start a
+    rank in its cgroup (``agent.cgroup_spawn``) and moves it there instead."""
     if kind == "cgroup" and ROOTLESS:
         pytest.skip("rootless nodes have no cgroups (none are the user's to give): the fallback runs")
     options: dict[str, object] = {"node_cgroups": "ro"} if kind == "fallback" else {}
-    if not pidfds:
-        options["node_refused_syscalls"] = ["pidfd_open"]
-    name = f"tree-{kind[:2]}{'-s' * served}{'-n' * (not pidfds)}-{os.getpid() % 10000}"
+    refused = [*(["pidfd_open"] * (not pidfds)), *(["clone3"] * (not clone3))]
+    if refused:
+        options["node_refused_syscalls"] = refused
+    name = f"tree-{kind[:2]}{'-s' * served}{'-n' * (not pidfds)}{'-c' * (not clone3)}-{os.getpid() % 10000}"
     c = pytest_sky.launch(num_nodes=2, name=name, backend_options=options)
     try:
         for _ in range(2 * served):
@@ -50,13 +53,21 @@ def _two_nodes(kind: str, served: bool, pidfds: bool = True):
         c.down()
 
 
-KINDS = ["cgroup", "fallback", "cgroup-served", "fallback-served", "cgroup-served-nopidfd", "fallback-served-nopidfd"]
+KINDS = [
+    "cgroup",
+    "fallback",
+    "cgroup-served",
+    "fallback-served",
+    "cgroup-served-nopidfd",
+    "fallback-served-nopidfd",
+    "cgroup-served-noclone3",
+]
 
 
 @pytest.fixture(params=KINDS)
 def cluster(request: pytest.FixtureRequest, home: Path):
     kind, *flags = request.param.split("-")
-    yield from _two_nodes(kind, "served" in flags, pidfds="nopidfd" not in flags)
+    yield from _two_nodes(kind, "served" in flags, pidfds="nopidfd" not in flags, clone3="noclone3" not in flags)
 
 
 @pytest.fixture(params=["cgroup", "fallback"])
@@ -231,6 +242,25 @@ def test_the_leftover_check_spares_a_rank_its_agent_is_starting(cluster):
     res = cluster.run(f"export CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_AGENT_STARTING_A_RANK}")
     assert res.returncode == 0, res.output
     assert [r.stdout for r in res.ranks] == ["spared\n"] * 2, res.output
+
+
+def test_a_rank_is_in_its_jobs_account_from_its_first_command(cluster, request: pytest.FixtureRequest):
+    """Its job's cgroup where the node has them (born there by clone3, or moved there before
+    it runs), its job's token where it has none; each run's its own."""
+    from pytest_sky import shell
+
+    probe = f'grep "^0::" /proc/self/cgroup; echo "${shell.JOB_SCOPE_VAR}"'
+    firsts = [cluster.run(probe) for _ in range(2)]
+    tokens = set()
+    for res in firsts:
+        assert res.returncode == 0, res.output
+        for r in res.ranks:
+            group, token = r.stdout.split()
+            assert token.startswith(shell.JOB_SCOPE_PREFIX), r.stdout
+            tokens.add(token)
+            if request.node.callspec.params["cluster"].startswith("cgroup"):
+                assert group.startswith(f"0::/{shell.CGROUP_PREFIX}"), r.stdout
+    assert len(tokens) == 4, firsts[0].output + firsts[1].output
 
 
 def test_runs_leave_no_job_cgroup_behind(cluster, request: pytest.FixtureRequest):

@@ -33,6 +33,7 @@ import socket
 import time
 
 from pytest_sky import procs, shell
+from pytest_sky.agent.cgroup_spawn import spawn_into
 from pytest_sky.agent.rank import PID_MARK, remove_cgroup
 from pytest_sky.protocol import EXIT_MARK
 
@@ -88,22 +89,22 @@ class Supervised:
             env[shell.JOB_SCOPE_VAR] = self.token
             argv = ["/bin/bash", "-c", GATE + program.decode()]
             try:
-                self.pid = os.posix_spawn(
-                    "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
+                # Born in the job's cgroup where the kernel can (no move: cgroup_spawn says why).
+                born = (
+                    spawn_into(self.cgroup, argv, env, [a[1:] for a in actions], SESSION_DEFAULTS)
+                    if self.cgroup
+                    else None
                 )
+                if born is None:
+                    self.pid = os.posix_spawn(
+                        "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
+                    )
             finally:
                 os.close(devnull)
-            try:
-                self.pidfd = os.pidfd_open(self.pid)
-            except OSError:  # nothing to watch it by: it never gets past the gate
-                os.killpg(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-                raise
-            if self.cgroup:
-                try:
-                    _write(f"{self.cgroup}/cgroup.procs", str(self.pid))
-                except OSError:  # the cgroup is gone: the job's token tells its processes
-                    self.cgroup = ""
+            if born is not None:
+                self.pid, self.pidfd = born
+            else:
+                self._watch_and_move()
             try:
                 self.conn.sendall(PID_MARK + str(self.pid).encode() + b"\n")
             except OSError:
@@ -113,6 +114,20 @@ class Supervised:
             os.close(gate_w)  # the gate opens: the rank runs
         if self.stopping:
             self._stop(time.monotonic())
+
+    def _watch_and_move(self) -> None:
+        """A bash spawned outside the job's cgroup: a pidfd to watch it by, then the move."""
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:  # nothing to watch it by: it never gets past the gate
+            os.killpg(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            raise
+        if self.cgroup:
+            try:
+                _write(f"{self.cgroup}/cgroup.procs", str(self.pid))
+            except OSError:  # the cgroup is gone: the job's token tells its processes
+                self.cgroup = ""
 
     # -- events ---------------------------------------------------------------------------
 

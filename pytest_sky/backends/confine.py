@@ -12,6 +12,7 @@ the container's first process.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import struct
@@ -66,10 +67,17 @@ CAPABILITY_BITS = {
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
-#: The system calls a profile may refuse here, by name: those whose absence the agent copes
-#: with (pidfds, Linux 5.3, which a container runtime's older default profile refuses).  Newer
-#: calls share one number on every architecture.
-SYSCALL_NUMBERS = {"pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438}
+#: The system calls a profile may refuse here, by name, each with its number and the errno a
+#: runtime's profile answers: those whose absence the agent copes with.  An older default
+#: profile refuses the pidfd calls (Linux 5.3) with EPERM; today's answers clone3 (5.3) with
+#: ENOSYS, so that libc falls back to clone.  Newer calls share one number on every
+#: architecture.
+REFUSABLE_SYSCALLS = {
+    "pidfd_send_signal": (424, errno.EPERM),
+    "pidfd_open": (434, errno.EPERM),
+    "clone3": (435, errno.ENOSYS),
+    "pidfd_getfd": (438, errno.EPERM),
+}
 #: The audit architecture a filter checks first (``include/uapi/linux/audit.h``): a call made
 #: in another ABI has other numbers, and is let through.
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
@@ -90,8 +98,8 @@ class Confinement:
     readonly_paths: list[str] = field(default_factory=list)
     masked_paths: list[str] = field(default_factory=list)
     sysctls: list[tuple[str, str]] = field(default_factory=list)  # namespaced ones: net.*, kernel.shm*
-    #: System calls its seccomp profile refuses with EPERM (names in SYSCALL_NUMBERS), as an
-    #: older runtime's default profile refuses pidfd_open.  Empty by default: today's allow it.
+    #: System calls its seccomp profile refuses (names in REFUSABLE_SYSCALLS), as a runtime's
+    #: default profile refuses some.  Empty by default.
     refused_syscalls: list[str] = field(default_factory=list)
 
 
@@ -124,21 +132,22 @@ def capability_mask(names: list[str]) -> int:
 
 
 def refuse_syscalls(names: list[str]) -> None:
-    """A seccomp filter that fails each of ``names`` with EPERM and lets every other call
-    through, inherited by all the node runs.  Installed while the init still holds
-    CAP_SYS_ADMIN (in its user namespace), as a runtime installs a profile before it drops
-    the capabilities, so that no_new_privs stays what the pod asked for."""
+    """A seccomp filter that fails each of ``names`` with its errno (:data:`REFUSABLE_SYSCALLS`)
+    and lets every other call through, inherited by all the node runs.  Installed while the
+    init still holds CAP_SYS_ADMIN (in its user namespace), as a runtime installs a profile
+    before it drops the capabilities, so that no_new_privs stays what the pod asked for."""
     # Classic BPF over struct seccomp_data: the architecture at offset 4, the number at 0.
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
-    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    numbers = [SYSCALL_NUMBERS[name] for name in names]
+    allow, errno_ret = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO (| errno)
+    refused = [REFUSABLE_SYSCALLS[name] for name in names]
     arch = AUDIT_ARCH.get(platform.machine())
     if arch is None:
         raise ConfineError(f"refusing system calls: no seccomp architecture known for {platform.machine()}")
-    steps = [(ld_abs, 0, 0, 4), (jeq, 0, len(numbers) + 1, arch), (ld_abs, 0, 0, 0)]
-    # Each number jumps to the last step (refuse); falling through them all reaches allow.
-    steps += [(jeq, len(numbers) - i, 0, n) for i, n in enumerate(numbers)]
-    steps += [(ret, 0, 0, allow), (ret, 0, 0, refuse)]
+    # Another ABI jumps over the number's load and every pair below, to allow.
+    steps = [(ld_abs, 0, 0, 4), (jeq, 0, 2 * len(refused) + 1, arch), (ld_abs, 0, 0, 0)]
+    for number, err in refused:  # this number: its errno; else on to the next pair
+        steps += [(jeq, 0, 1, number), (ret, 0, 0, errno_ret | err)]
+    steps.append((ret, 0, 0, allow))
     code = b"".join(struct.pack("=HBBI", *step) for step in steps)
     filters = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("@HP", len(steps), ctypes.addressof(filters))  # struct sock_fprog

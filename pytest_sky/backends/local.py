@@ -489,9 +489,9 @@ class LocalBackend(Backend):
 
 
 def _refusable(names: list[str]) -> list[str]:
-    unknown = sorted(set(names) - set(confine.SYSCALL_NUMBERS))
+    unknown = sorted(set(names) - set(confine.REFUSABLE_SYSCALLS))
     if unknown:
-        known = ", ".join(confine.SYSCALL_NUMBERS)
+        known = ", ".join(confine.REFUSABLE_SYSCALLS)
         raise ProvisionError(f"node_refused_syscalls: {', '.join(unknown)} cannot be refused here (known: {known})")
     return list(names)
 
