@@ -230,8 +230,9 @@ def reap(store: StateStore | None = None) -> list[str]:
 
 def reap_strays(store: StateStore) -> list[str]:
     """Remove what no record owns: files a killed process was deleting, and local nodes,
-    links and cgroups whose cluster lost its record or whose state directory is gone
-    (``LocalBackend.reap_stray_links``); what went, as the reaper's report names it."""
+    links and cgroups of this state directory's clusters that lost their record (the
+    directory deleted while they ran, say: ``LocalBackend.reap_stray_links``); what went,
+    as the reaper's report names it."""
     for path in store.stale_trash():  # a process killed while it deleted a cluster's files
         shutil.rmtree(path, ignore_errors=True)
     from pytest_sky.backends.local import LocalBackend
