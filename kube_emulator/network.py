@@ -1,8 +1,9 @@
 """The emulated cluster's network: one bridge and one /24 of 198.18.0.0/15 for every pod.
 
 The subnet is leased by creating its bridge (atomic in the kernel), the way the local backend
-leases its subnets, so emulators and local clusters on one machine never collide; pods get
-addresses as a real CNI's host-local IPAM hands them out.
+leases its subnets, passing over those a rootless cluster's holder leased for its own
+namespace, so emulators and local clusters on one machine never collide; pods get addresses
+as a real CNI's host-local IPAM hands them out.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class PodNetwork:
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
             name = f"{product.LINK_PREFIX}{index}"
-            if product.link_exists(name):
+            if product.link_exists(name) or product.subnet_leased(index):  # as the local backend leases
                 continue
             subnet, base = subnet_of(index)
             if product.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, owner):

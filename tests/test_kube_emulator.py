@@ -544,3 +544,35 @@ def test_a_containers_capabilities_are_what_a_runtime_gives_it(emu: Emulator, v1
     assert seen["caps-ours"] == (set(privileges.POD_CAPABILITIES), "1")
     assert seen["caps-chroot-only"] == ({"SYS_CHROOT"}, "0")
     delete_and_wait(v1, "app=caps")
+
+
+def test_the_emulator_takes_no_subnet_a_rootless_clusters_holder_leased(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rootless cluster's /24 lives in its holder's own namespace, leased by an abstract
+    socket: the emulator's bridge (on the host, as root's) must not take it either, or an
+    address of the holder's network shows on the host (the local backend never took it)."""
+    import types
+
+    from kube_emulator import network, product
+    from pytest_sky.backends import clusterns
+
+    net = network.PodNetwork()
+    net.check()
+    lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    for held in range(network.NUM_SUBNETS):  # a free /24, held as a holder holds its own
+        if product.link_exists(f"{product.LINK_PREFIX}{held}"):
+            continue
+        try:
+            lease.bind(clusterns.subnet_lease_name(held))
+            break
+        except OSError:
+            continue
+    monkeypatch.setattr(network, "random", types.SimpleNamespace(randrange=lambda n: held))  # looked at first
+    try:
+        net.lease(str(tmp_path))
+        assert net.index != held and clusterns.subnet_leased(held)
+    finally:
+        lease.close()
+        if net.bridge:
+            product.delete_links(net.tools["ip"], [net.bridge])
