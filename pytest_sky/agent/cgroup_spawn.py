@@ -9,9 +9,12 @@ cgroups left out (``node_cgroups="ro"``), 2 local nodes took 16 instead of 25-29
 8 nodes 32 instead of 44-48 ms.  Linux 5.7's ``clone3(CLONE_INTO_CGROUP)`` starts the child
 in the cgroup: nothing is moved and nothing waits.
 
-Python has no ``clone3``, so the system call is made through ctypes, as a fork: the agent
-server that calls this is one thread, the call keeps the interpreter's lock (``PyDLL``), and
-the child only sets up its descriptors, its process group and its signals, then execs.
+Python has no ``clone3``, so the system call is made through ctypes, as a fork: the call
+keeps the interpreter's lock (``PyDLL``), and the child only sets up its descriptors, its
+process group and its signals, then execs.  Only in a process of one thread, as the agent
+server is: libc's ``fork`` resets the locks its other threads held (malloc's among them), a
+raw ``clone3`` does not, and a child that needs one of them waits forever before its exec
+(seen: a test that called this inside an xdist worker hung).
 Where the kernel or a seccomp profile refuses ``clone3`` (a container runtime's default
 profile answers ENOSYS, so that libc falls back to ``clone``), the caller spawns the bash and
 moves it, as before.
@@ -67,8 +70,8 @@ def spawn_into(
     """``argv`` started in ``cgroup``, leading a process group of its own, with ``dups``
     (``(fd, target)``, in order) done and the ``defaults`` signals at their defaults, as
     ``os.posix_spawn`` would: its pid and a pidfd of it; None where this kernel or profile
-    cannot (the caller then spawns it and moves it)."""
-    if _refused:
+    cannot, or this process has other threads (the caller then spawns it and moves it)."""
+    if _refused or len(os.listdir("/proc/self/task")) != 1:  # see the module's docstring
         return None
     try:
         group = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
