@@ -47,9 +47,9 @@ class PodNetwork:
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
-            name = f"{product.LINK_PREFIX}{index}"
-            if product.link_exists(name) or product.subnet_leased(index):  # as the local backend leases
+            if not product.subnet_free(index):  # as the local backend leases
                 continue
+            name = f"{product.LINK_PREFIX}{index}"
             subnet, base = subnet_of(index)
             if product.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, owner):
                 self.index, self.bridge, self.subnet, self.base = index, name, subnet, base

@@ -11,7 +11,7 @@ emulator module to it).
 from __future__ import annotations
 
 from pytest_sky import procs
-from pytest_sky.backends import clusterns, confine, local, netns, privileges
+from pytest_sky.backends import confine, local, netns, privileges
 from pytest_sky.errors import ProvisionError, SkyError
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "start_nodes",
     "start_time",
     "stop_nodes",
-    "subnet_leased",
+    "subnet_free",
 ]
 
 # Nodes: a pod is one, on a bridge of the emulator's own (the local backend's primitive).
@@ -52,8 +52,7 @@ require_privileges = netns.require_privileges
 require_tools = netns.require_tools
 check_forward_policy = netns.check_forward_policy
 link_exists = netns.link_exists
-#: A subnet a rootless cluster's holder has leased in its own namespace: not the emulator's to take either.
-subnet_leased = clusterns.subnet_leased
+subnet_free = netns.subnet_free
 create_bridge = netns.create_bridge
 delete_links = netns.delete_links
 start_nodes = netns.start_nodes

@@ -58,6 +58,9 @@ class _CloneArgs(ctypes.Structure):
 
 #: Set once ``clone3`` was refused in this process: it is not asked again.
 _refused: list[int] = []
+#: The process's own symbols (libc's ``syscall``), looked up once: every rank's spawn calls it.
+#: ``PyDLL`` keeps the interpreter's lock across the call, so the child holds it too.
+_LIBC = ctypes.PyDLL(None, use_errno=True)
 
 
 def spawn_into(
@@ -84,9 +87,8 @@ def spawn_into(
         exit_signal=signal.SIGCHLD,
         cgroup=group,
     )
-    libc = ctypes.PyDLL(None, use_errno=True)  # keeps the interpreter's lock: the child holds it
     try:
-        pid = libc.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+        pid = _LIBC.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
         if pid == 0:
             _become(argv, env, dups, defaults)
         if pid < 0:

@@ -79,23 +79,15 @@ class Supervised:
         try:
             devnull = os.open(os.devnull, os.O_RDONLY)
             fd = self.conn.fileno()
-            actions = [
-                (os.POSIX_SPAWN_DUP2, devnull, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-                (os.POSIX_SPAWN_DUP2, gate_r, 3),
-            ]
+            dups = [(devnull, 0), (fd, 1), (fd, 2), (gate_r, 3)]
             env = dict(os.environ)
             env[shell.JOB_SCOPE_VAR] = self.token
             argv = ["/bin/bash", "-c", GATE + program.decode()]
             try:
                 # Born in the job's cgroup where the kernel can (no move: cgroup_spawn says why).
-                born = (
-                    spawn_into(self.cgroup, argv, env, [a[1:] for a in actions], SESSION_DEFAULTS)
-                    if self.cgroup
-                    else None
-                )
+                born = spawn_into(self.cgroup, argv, env, dups, SESSION_DEFAULTS) if self.cgroup else None
                 if born is None:
+                    actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in dups]
                     self.pid = os.posix_spawn(
                         "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
                     )

@@ -127,8 +127,9 @@ class KubeClient:
         return self._cfg
 
     def stream_api(self) -> CoreV1Api:
-        """A client of its own for each exec or port-forward: the client's ``stream`` swaps its
-        ApiClient's request function while it runs, which breaks any other call sharing it."""
+        """A client of its own for each exec: the client's ``stream`` swaps its ApiClient's
+        request function while it runs, which breaks any other call sharing it.  (A
+        port-forward needs none: ``kube_proxy.open_forward`` opens it from the configuration.)"""
         from kubernetes import client
 
         self.api()

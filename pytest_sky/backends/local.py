@@ -426,7 +426,7 @@ class LocalBackend(Backend):
         start = random.randrange(NUM_SUBNETS)
         for step in range(NUM_SUBNETS):
             index = (start + step) % NUM_SUBNETS
-            if netns.link_exists(bridge_name(index)) or clusterns.subnet_leased(index):
+            if not netns.subnet_free(index):
                 continue
             subnet, base = subnet_of(index)
             net = ipaddress.ip_network(subnet)

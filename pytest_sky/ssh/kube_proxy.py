@@ -205,7 +205,7 @@ def open_forward(cfg: Any, namespace: str, pod: str, port: int = 22) -> Any:
 
     The request is the one ``CoreV1Api.connect_get_namespaced_pod_portforward`` sends (the
     subresource's path, ``ports``, the configuration's credentials) without that class:
-    importing it builds every typed model and method of the core API, 1.1 of the 1.6
+    importing it builds every typed model and method of the core API, 1.1 of the 1.7
     CPU-seconds a forwarder took to start on a day this machine ran ~2.5x slower, paid once
     per Kubernetes cluster."""
     from urllib.parse import quote

@@ -81,6 +81,7 @@ from pytest_sky.backends.netns.links import (
     node_mac,
     routed_networks,
     set_alias,
+    subnet_free,
 )
 from pytest_sky.backends.netns.nodes import (
     NODE_EXIT,
@@ -181,6 +182,7 @@ __all__ = [
     "stop_delayer",
     "stop_holder",
     "stop_nodes",
+    "subnet_free",
     "tail",
     "userns_problem",
 ]

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pytest_sky.backends import netlink
+from pytest_sky.backends import clusterns, netlink
 from pytest_sky.errors import ProvisionError
 from pytest_sky.locks import flocked
 
@@ -38,6 +38,14 @@ def ip_batch(ip: str, commands: Iterable[str], *, force: bool = False) -> str:
 
 def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
+
+
+def subnet_free(index: int) -> bool:
+    """Whether /24 number ``index`` is free to lease on this host: no bridge of ours is named
+    for it (root's clusters, the emulator's pods) and no rootless cluster's holder leased it
+    for its own namespace (``clusterns.subnet_leased``).  Every leaser asks this first, then
+    creates its bridge (:func:`create_bridge`), which is the lease."""
+    return not link_exists(f"{LINK_PREFIX}{index}") and not clusterns.subnet_leased(index)
 
 
 def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = "") -> bool:

@@ -189,8 +189,8 @@ def holder_processes(cluster_dir: str = "") -> list[int]:
 
 def reap_stray_holders(clusters_dir: Path) -> list[str]:
     """Kill the holders of cluster directories under ``clusters_dir`` that have no record left
-    (their launch died before it wrote one), or whose directories are gone altogether
-    (:func:`~pytest_sky.backends.netns.nodes.abandoned`); what was killed, for the reaper's report."""
+    (:func:`~pytest_sky.backends.netns.nodes.abandoned`: their launch died before it wrote one,
+    or the state directory was deleted); what was killed, for the reaper's report."""
     doomed = []
     for pid in holder_processes():
         marker = next((a for a in procs.cmdline(pid) or [] if a.startswith(HOLDER_MARKER)), None)
