@@ -8,17 +8,8 @@ as a real CNI's host-local IPAM hands them out.
 
 from __future__ import annotations
 
-import random
-
 from kube_emulator import product
 from kube_emulator.product import ProvisionError
-
-NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s, shared with the local backend's leases
-
-
-def subnet_of(index: int) -> tuple[str, str]:
-    base = f"198.{18 + index // 256}.{index % 256}."
-    return base + "0/24", base
 
 
 class PodNetwork:
@@ -42,19 +33,13 @@ class PodNetwork:
         product.check_forward_policy()
 
     def lease(self, owner: str) -> None:
-        """Lease a free subnet by creating its bridge (``owner``: recorded on the bridge, the
-        instance directory whose it is)."""
-        start = random.randrange(NUM_SUBNETS)
-        for step in range(NUM_SUBNETS):
-            index = (start + step) % NUM_SUBNETS
-            if not product.subnet_free(index):  # as the local backend leases
-                continue
-            name = f"{product.LINK_PREFIX}{index}"
-            subnet, base = subnet_of(index)
-            if product.create_bridge(self.tools["ip"], name, base + "1", 24, subnet, self.mtu, owner):
-                self.index, self.bridge, self.subnet, self.base = index, name, subnet, base
-                return
-        raise ProvisionError("all 512 subnets of 198.18.0.0/15 are in use (look for psky* links with `ip link`)")
+        """Lease a free subnet by creating its bridge, as the local backend leases its own
+        (``owner``: recorded on the bridge, the instance directory whose it is)."""
+        index = product.lease_subnet(self.tools["ip"], self.mtu, owner)
+        if index is None:
+            raise ProvisionError("all 512 subnets of 198.18.0.0/15 are in use (look for psky* links with `ip link`)")
+        self.base = product.subnet_base(index)
+        self.index, self.bridge, self.subnet = index, f"{product.LINK_PREFIX}{index}", self.base + "0/24"
 
     @property
     def host_ip(self) -> str:

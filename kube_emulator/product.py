@@ -11,7 +11,7 @@ emulator module to it).
 from __future__ import annotations
 
 from pytest_sky import procs
-from pytest_sky.backends import confine, local, netns, privileges
+from pytest_sky.backends import clusterns, confine, local, netns, privileges
 from pytest_sky.errors import ProvisionError, SkyError
 
 __all__ = [
@@ -26,11 +26,10 @@ __all__ = [
     "SkyError",
     "check_forward_policy",
     "confinement",
-    "create_bridge",
     "delete_links",
     "for_node",
     "is_alive",
-    "link_exists",
+    "lease_subnet",
     "node_cgroup",
     "passwd_with_home",
     "reap_nodes",
@@ -39,7 +38,7 @@ __all__ = [
     "start_nodes",
     "start_time",
     "stop_nodes",
-    "subnet_free",
+    "subnet_base",
 ]
 
 # Nodes: a pod is one, on a bridge of the emulator's own (the local backend's primitive).
@@ -51,9 +50,8 @@ NODE_HOME = netns.NODE_HOME
 require_privileges = netns.require_privileges
 require_tools = netns.require_tools
 check_forward_policy = netns.check_forward_policy
-link_exists = netns.link_exists
-subnet_free = netns.subnet_free
-create_bridge = netns.create_bridge
+lease_subnet = netns.lease_subnet
+subnet_base = clusterns.subnet_base
 delete_links = netns.delete_links
 start_nodes = netns.start_nodes
 stop_nodes = netns.stop_nodes

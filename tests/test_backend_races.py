@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sky.backends import local, netns
+from pytest_sky.backends import clusterns, local, netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.cluster import reap_orphans
 from pytest_sky.errors import ProvisionError
@@ -159,7 +160,7 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkey
     start += start % 2  # a /23 boundary
     routed = f"198.18.{start}.0/23"
     subprocess.run([IP, "route", "add", "blackhole", routed, "table", "51820"], check=True)
-    monkeypatch.setattr(local.random, "randrange", lambda n: start)
+    monkeypatch.setattr(clusterns.random, "randrange", lambda n: start)
     backend = LocalBackend()
     index = None
     try:
@@ -170,6 +171,57 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkey
         subprocess.run([IP, "route", "del", "blackhole", routed, "table", "51820"], check=False)
         if index is not None:
             netns.delete_links(IP, [local.bridge_name(index)])
+
+
+def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rootless cluster's holder may lease a subnet at any moment, also between a root
+    leaser's look and its bridge: the root leaser looks for holders' leases once its bridge
+    exists, and on finding one deletes the bridge and takes the next subnet.  The holder's
+    lease is made to appear exactly then."""
+    start = free_indexes(2)
+    monkeypatch.setattr(clusterns.random, "randrange", lambda n: start)
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    looked: list[tuple[int, bool]] = []
+    real_leased = clusterns.subnet_leased
+
+    def leased(index: int) -> bool:
+        looked.append((index, netns.link_exists(local.bridge_name(index))))
+        if index == start and not real_leased(index):
+            holder.bind(clusterns.subnet_lease_name(index))  # the holder, just before the look
+        return real_leased(index)
+
+    monkeypatch.setattr(clusterns, "subnet_leased", leased)
+    index = None
+    try:
+        index = LocalBackend()._lease_subnet(IP, str(tmp_path))
+        assert looked[0] == (start, True), looked  # the look came after the bridge was made
+        assert index == start + 1 and not netns.link_exists(local.bridge_name(start))
+    finally:
+        holder.close()
+        if index is not None:
+            netns.delete_links(IP, [local.bridge_name(index)])
+
+
+def test_a_bridge_made_while_a_holder_leases_wins_and_the_lease_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder's side of the same race: it binds its lease, then looks for root's bridge
+    on that subnet, and on finding one lets the lease go and takes the next."""
+    start = free_indexes(2)
+    monkeypatch.setattr(clusterns.random, "randrange", lambda n: start)
+    looked: list[tuple[int, bool]] = []
+
+    def root_bridge(index: int) -> bool:
+        looked.append((index, clusterns.subnet_leased(index)))
+        return index == start  # root's bridge, made just before the look
+
+    monkeypatch.setattr(clusterns, "_root_bridge", root_bridge)
+    index, lease = clusterns._lease()
+    try:
+        assert looked[0] == (start, True), looked  # the look came after the lease was bound
+        assert index == start + 1 and not clusterns.subnet_leased(start)
+    finally:
+        lease.close()
 
 
 def test_a_link_that_survives_its_deletion_is_an_error_not_a_silent_leak(tmp_path: Path) -> None:

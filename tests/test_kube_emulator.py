@@ -552,23 +552,21 @@ def test_the_emulator_takes_no_subnet_a_rootless_clusters_holder_leased(
     """A rootless cluster's /24 lives in its holder's own namespace, leased by an abstract
     socket: the emulator's bridge (on the host, as root's) must not take it either, or an
     address of the holder's network shows on the host (the local backend never took it)."""
-    import types
-
     from kube_emulator import network, product
-    from pytest_sky.backends import clusterns
+    from pytest_sky.backends import clusterns, netns
 
     net = network.PodNetwork()
     net.check()
     lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    for held in range(network.NUM_SUBNETS):  # a free /24, held as a holder holds its own
-        if product.link_exists(f"{product.LINK_PREFIX}{held}"):
+    for held in range(clusterns.NUM_SUBNETS):  # a free /24, held as a holder holds its own
+        if netns.link_exists(f"{netns.LINK_PREFIX}{held}"):
             continue
         try:
             lease.bind(clusterns.subnet_lease_name(held))
             break
         except OSError:
             continue
-    monkeypatch.setattr(network, "random", types.SimpleNamespace(randrange=lambda n: held))  # looked at first
+    monkeypatch.setattr(clusterns.random, "randrange", lambda n: held)  # looked at first
     try:
         net.lease(str(tmp_path))
         assert net.index != held and clusterns.subnet_leased(held)

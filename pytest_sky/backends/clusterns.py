@@ -150,23 +150,40 @@ def subnet_leased(index: int) -> bool:
     return False
 
 
+def lease_order() -> list[int]:
+    """Every subnet's index, from a random one on: leasers that start together rarely try the
+    same one first."""
+    start = random.randrange(NUM_SUBNETS)
+    return [(start + step) % NUM_SUBNETS for step in range(NUM_SUBNETS)]
+
+
 def _lease() -> tuple[int, socket.socket]:
     """A subnet no other holder on this host has, and no cluster of root's (its bridge is
     named after it), held by a socket bound in the host's namespace (so bound before this
-    process leaves it)."""
-    lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    start = random.randrange(NUM_SUBNETS)
-    for step in range(NUM_SUBNETS):
-        index = (start + step) % NUM_SUBNETS
-        if os.path.exists(f"/sys/class/net/psky{index}"):
-            continue
+    process leaves it).
+
+    Bound first, then the bridge looked for: a root leaser creates its bridge first and then
+    looks for this lease (``netns.lease_subnet``), so of two racing for one subnet at least
+    one sees the other."""
+    for index in lease_order():
+        lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             lease.bind(subnet_lease_name(index))
-            return index, lease
         except OSError as exc:
+            lease.close()
             if exc.errno != errno.EADDRINUSE:
                 raise
+            continue
+        if _root_bridge(index):
+            lease.close()
+            continue
+        return index, lease
     raise OSError(errno.EADDRINUSE, f"all {NUM_SUBNETS} subnets are leased on this host")
+
+
+def _root_bridge(index: int) -> bool:
+    """A bridge of root's (a local cluster's, an emulator's) is on subnet ``index``."""
+    return os.path.exists(f"/sys/class/net/psky{index}")
 
 
 def _bridge(index: int, mtu: int) -> int:

@@ -20,7 +20,6 @@ import functools
 import ipaddress
 import logging
 import os
-import random
 import shutil
 import sys
 import time
@@ -418,27 +417,22 @@ class LocalBackend(Backend):
     # -- helpers ---------------------------------------------------------------------------
 
     def _lease_subnet(self, ip: str, owner: str) -> int:
-        """A free /24 of 198.18.0.0/15: no bridge of ours on it, no rootless cluster's lease
-        (``clusterns.subnet_leased``), and no route of the host's (a VPN, a fake-IP DNS tool)
-        overlapping it."""
-        mtu = self.mtu
+        """A free /24 of 198.18.0.0/15 (``netns.lease_subnet``), and none that a route of the
+        host's (a VPN, a fake-IP DNS tool) overlaps."""
         routed = [ipaddress.ip_network(dst, strict=False) for dst in netns.routed_networks(ip)]
-        start = random.randrange(NUM_SUBNETS)
-        for step in range(NUM_SUBNETS):
-            index = (start + step) % NUM_SUBNETS
-            if not netns.subnet_free(index):
-                continue
-            subnet, base = subnet_of(index)
+
+        def routed_elsewhere(subnet: str) -> bool:
             net = ipaddress.ip_network(subnet)
-            if any(net.overlaps(r) for r in routed if r.version == 4):
-                continue
-            if netns.create_bridge(ip, bridge_name(index), base + "1", 24, subnet, mtu, owner):
-                return index
-        raise ProvisionError(
-            f"all {NUM_SUBNETS} local cluster subnets are in use or routed elsewhere on this host: tear "
-            "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
-            "198.18.0.0/15 with `ip link` and `ip route show table all`)"
-        )
+            return any(net.overlaps(r) for r in routed if r.version == 4)
+
+        index = netns.lease_subnet(ip, self.mtu, owner, avoid=routed_elsewhere)
+        if index is None:
+            raise ProvisionError(
+                f"all {NUM_SUBNETS} local cluster subnets are in use or routed elsewhere on this host: tear "
+                "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
+                "198.18.0.0/15 with `ip link` and `ip route show table all`)"
+            )
+        return index
 
     def _write_node_dirs(
         self, config: ProvisionConfig, info: ClusterInfo, index: int, shares: list[str]

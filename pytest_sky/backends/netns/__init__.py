@@ -74,6 +74,7 @@ from pytest_sky.backends.netns.links import (
     delete_links,
     disable_forwarding,
     ip_batch,
+    lease_subnet,
     link_alias,
     link_exists,
     link_group,
@@ -81,7 +82,6 @@ from pytest_sky.backends.netns.links import (
     node_mac,
     routed_networks,
     set_alias,
-    subnet_free,
 )
 from pytest_sky.backends.netns.nodes import (
     NODE_EXIT,
@@ -155,6 +155,7 @@ __all__ = [
     "iptables_rules",
     "kill_and_wait",
     "kill_cgroups",
+    "lease_subnet",
     "link_alias",
     "link_exists",
     "link_group",
@@ -182,7 +183,6 @@ __all__ = [
     "stop_delayer",
     "stop_holder",
     "stop_nodes",
-    "subnet_free",
     "tail",
     "userns_problem",
 ]

@@ -12,7 +12,7 @@ import re
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,22 +40,49 @@ def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
-def subnet_free(index: int) -> bool:
-    """Whether /24 number ``index`` is free to lease on this host: no bridge of ours is named
-    for it (root's clusters, the emulator's pods) and no rootless cluster's holder leased it
-    for its own namespace (``clusterns.subnet_leased``).  Every leaser asks this first, then
-    creates its bridge (:func:`create_bridge`), which is the lease."""
-    return not link_exists(f"{LINK_PREFIX}{index}") and not clusterns.subnet_leased(index)
+def lease_subnet(ip: str, mtu: int, owner: str, avoid: Callable[[str], bool] | None = None) -> int | None:
+    """A /24 of 198.18.0.0/15 leased for a new cluster by creating its bridge, configured at
+    ``.1``; its index, or None when every one is taken.  ``avoid(subnet)`` passes one over
+    (the local backend's: a subnet the host already routes).  Root's clusters and the
+    emulator's pods lease here; a rootless cluster's holder leases in ``clusterns``.
+
+    Taken first, then checked: the bridge (its creation is atomic in the kernel), then the
+    holders' leases (``clusterns.subnet_leased``), while a holder binds its lease first and
+    then looks for the bridge.  Of a leaser here and a holder racing for one subnet, at least
+    one sees the other and moves on, so no /24 is ever two clusters' (checked first and taken
+    after, both could win: the emulator's pods once took a holder's subnet in CI).
+    """
+    for index in clusterns.lease_order():
+        base = clusterns.subnet_base(index)
+        name = f"{LINK_PREFIX}{index}"
+        if (avoid is not None and avoid(base + "0/24")) or not _claim_bridge(ip, name, mtu, owner):
+            continue
+        if clusterns.subnet_leased(index):
+            delete_links(ip, [name])
+            continue
+        _configure_bridge(ip, name, base + "1", 24, base + "0/24")
+        return index
+    return None
 
 
 def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = "") -> bool:
-    """Create the cluster's bridge; False when the name is taken (another process holds it).
+    """Create a bridge named ``name`` at ``address``; False when the name is taken (another
+    process holds it).  A cluster's bridge is leased with :func:`lease_subnet`, which also
+    keeps clear of the holders' subnets."""
+    if not _claim_bridge(ip, name, mtu, owner):
+        return False
+    _configure_bridge(ip, name, address, prefixlen, subnet)
+    return True
+
+
+def _claim_bridge(ip: str, name: str, mtu: int, owner: str) -> bool:
+    """The bridge itself, unconfigured; False when the name is taken.
 
     Creating the link is atomic in the kernel, which makes the bridge name a race-free lease
-    on its subnet across processes, xdist workers and state directories alike.  ``owner``
-    (the cluster's directory) goes into the link's alias, so a leftover link says whose it is;
-    until it is there the creator holds :func:`link_lock` (shared), so a reaper (exclusive)
-    never takes a bridge being created for a stray.
+    across processes, xdist workers and state directories alike.  ``owner`` (the cluster's
+    directory) goes into the link's alias, so a leftover link says whose it is; until it is
+    there the creator holds :func:`link_lock` (shared), so a reaper (exclusive) never takes a
+    bridge being created for a stray.
     """
     with link_lock(exclusive=False):
         if not _add_bridge(name, mtu):
@@ -65,6 +92,11 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
         except BaseException:
             delete_links(ip, [name])
             raise
+    return True
+
+
+def _configure_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str) -> None:
+    """Its address, up, its route; deleted again if any of that fails."""
     try:
         # Bridged frames between nodes of one cluster; no STP delay, no forwarding delay.
         Path(f"/sys/class/net/{name}/bridge/forward_delay").write_text("0")
@@ -80,7 +112,6 @@ def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str,
     except BaseException:
         delete_links(ip, [name])
         raise
-    return True
 
 
 def _add_bridge(name: str, mtu: int) -> bool:
