@@ -1,9 +1,10 @@
 """The emulated cluster's network: one bridge and one /24 of 198.18.0.0/15 for every pod.
 
 The subnet is leased by creating its bridge (atomic in the kernel), the way the local backend
-leases its subnets, passing over those a rootless cluster's holder leased for its own
-namespace, so emulators and local clusters on one machine never collide; pods get addresses
-as a real CNI's host-local IPAM hands them out.
+leases its subnets (``netns.lease_subnet``, through the adapter): none a rootless cluster's
+holder leased for its own namespace, so emulators and local clusters on one machine never
+collide, and none the host already routes; pods get addresses as a real CNI's host-local IPAM
+hands them out.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ class PodNetwork:
         (``owner``: recorded on the bridge, the instance directory whose it is)."""
         index = product.lease_subnet(self.tools["ip"], self.mtu, owner)
         if index is None:
-            raise ProvisionError("all 512 subnets of 198.18.0.0/15 are in use (look for psky* links with `ip link`)")
+            raise ProvisionError(
+                "all 512 subnets of 198.18.0.0/15 are in use or routed elsewhere on this host (look for psky* "
+                "links with `ip link` and for routes into 198.18.0.0/15 with `ip route show table all`)"
+            )
         self.base = product.subnet_base(index)
         self.index, self.bridge, self.subnet = index, f"{product.LINK_PREFIX}{index}", self.base + "0/24"
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -153,18 +154,34 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
         netns.delete_links(IP, links + list(journal.get("veths", [])))
 
 
-def test_a_subnet_the_host_already_routes_is_never_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _local_lease(owner: str) -> int:
+    return LocalBackend()._lease_subnet(IP, owner)
+
+
+def _emulator_lease(owner: str) -> int:
+    from kube_emulator.network import PodNetwork
+
+    net = PodNetwork()
+    net.check()
+    net.lease(owner)
+    return net.index
+
+
+@pytest.mark.parametrize("lease", [_local_lease, _emulator_lease], ids=["local-cluster", "emulator-pods"])
+def test_a_subnet_the_host_already_routes_is_never_chosen(
+    lease: Callable[[str], int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A VPN or fake-IP DNS tool may route part of 198.18.0.0/15 (in a table of its own, as
-    WireGuard does): the lease skips every /24 it overlaps."""
+    WireGuard does): a local cluster's lease and the emulator's pod network skip every /24 it
+    overlaps."""
     start = free_indexes(4)
     start += start % 2  # a /23 boundary
     routed = f"198.18.{start}.0/23"
     subprocess.run([IP, "route", "add", "blackhole", routed, "table", "51820"], check=True)
     monkeypatch.setattr(clusterns.random, "randrange", lambda n: start)
-    backend = LocalBackend()
     index = None
     try:
-        index = backend._lease_subnet(IP, str(tmp_path))
+        index = lease(str(tmp_path))
         assert index not in (start, start + 1), f"leased {local.subnet_of(index)[0]}, inside {routed}"
         assert index == start + 2
     finally:

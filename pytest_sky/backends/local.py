@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import logging
 import os
 import shutil
@@ -417,15 +416,8 @@ class LocalBackend(Backend):
     # -- helpers ---------------------------------------------------------------------------
 
     def _lease_subnet(self, ip: str, owner: str) -> int:
-        """A free /24 of 198.18.0.0/15 (``netns.lease_subnet``), and none that a route of the
-        host's (a VPN, a fake-IP DNS tool) overlaps."""
-        routed = [ipaddress.ip_network(dst, strict=False) for dst in netns.routed_networks(ip)]
-
-        def routed_elsewhere(subnet: str) -> bool:
-            net = ipaddress.ip_network(subnet)
-            return any(net.overlaps(r) for r in routed if r.version == 4)
-
-        index = netns.lease_subnet(ip, self.mtu, owner, avoid=routed_elsewhere)
+        """A free /24 of 198.18.0.0/15 (``netns.lease_subnet``)."""
+        index = netns.lease_subnet(ip, self.mtu, owner)
         if index is None:
             raise ProvisionError(
                 f"all {NUM_SUBNETS} local cluster subnets are in use or routed elsewhere on this host: tear "

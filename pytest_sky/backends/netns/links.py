@@ -12,7 +12,7 @@ import re
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,11 +40,12 @@ def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
-def lease_subnet(ip: str, mtu: int, owner: str, avoid: Callable[[str], bool] | None = None) -> int | None:
+def lease_subnet(ip: str, mtu: int, owner: str) -> int | None:
     """A /24 of 198.18.0.0/15 leased for a new cluster by creating its bridge, configured at
-    ``.1``; its index, or None when every one is taken.  ``avoid(subnet)`` passes one over
-    (the local backend's: a subnet the host already routes).  Root's clusters and the
-    emulator's pods lease here; a rootless cluster's holder leases in ``clusterns``.
+    ``.1``; its index, or None when every one is taken or routed elsewhere.  None that a route
+    of the host's overlaps (a VPN's, a fake-IP DNS tool's: :func:`routed_networks`), which the
+    bridge would shadow.  Root's clusters and the emulator's pods lease here; a rootless
+    cluster's holder leases in ``clusterns``, for a namespace of its own.
 
     Taken first, then checked: the bridge (its creation is atomic in the kernel), then the
     holders' leases (``clusterns.subnet_leased``), while a holder binds its lease first and
@@ -52,10 +53,14 @@ def lease_subnet(ip: str, mtu: int, owner: str, avoid: Callable[[str], bool] | N
     one sees the other and moves on, so no /24 is ever two clusters' (checked first and taken
     after, both could win: the emulator's pods once took a holder's subnet in CI).
     """
+    import ipaddress
+
+    routed = [ipaddress.ip_network(dst, strict=False) for dst in routed_networks(ip)]
     for index in clusterns.lease_order():
         base = clusterns.subnet_base(index)
         name = f"{LINK_PREFIX}{index}"
-        if (avoid is not None and avoid(base + "0/24")) or not _claim_bridge(ip, name, mtu, owner):
+        subnet = ipaddress.ip_network(base + "0/24")
+        if any(subnet.overlaps(r) for r in routed if r.version == 4) or not _claim_bridge(ip, name, mtu, owner):
             continue
         if clusterns.subnet_leased(index):
             delete_links(ip, [name])
