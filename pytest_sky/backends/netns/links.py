@@ -50,8 +50,8 @@ def lease_subnet(ip: str, mtu: int, owner: str) -> int | None:
     Taken first, then checked: the bridge (its creation is atomic in the kernel), then the
     holders' leases (``clusterns.subnet_leased``), while a holder binds its lease first and
     then looks for the bridge.  Of a leaser here and a holder racing for one subnet, at least
-    one sees the other and moves on, so no /24 is ever two clusters' (checked first and taken
-    after, both could win: the emulator's pods once took a holder's subnet in CI).
+    one sees the other and moves on, so no /24 is ever two clusters' (looked at first and
+    taken after, both could win).
     """
     import ipaddress
 
