@@ -37,13 +37,8 @@ class PodNetwork:
         """Lease a free subnet by creating its bridge, as the local backend leases its own
         (``owner``: recorded on the bridge, the instance directory whose it is)."""
         index = product.lease_subnet(self.tools["ip"], self.mtu, owner)
-        if index is None:
-            raise ProvisionError(
-                "all 512 subnets of 198.18.0.0/15 are in use or routed elsewhere on this host (look for psky* "
-                "links with `ip link` and for routes into 198.18.0.0/15 with `ip route show table all`)"
-            )
         self.base = product.subnet_base(index)
-        self.index, self.bridge, self.subnet = index, f"{product.LINK_PREFIX}{index}", self.base + "0/24"
+        self.index, self.bridge, self.subnet = index, product.bridge_name(index), self.base + "0/24"
 
     @property
     def host_ip(self) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "NodeSpec",
     "ProvisionError",
     "SkyError",
+    "bridge_name",
     "check_forward_policy",
     "confinement",
     "delete_links",
@@ -52,6 +53,7 @@ require_tools = netns.require_tools
 check_forward_policy = netns.check_forward_policy
 lease_subnet = netns.lease_subnet
 subnet_base = clusterns.subnet_base
+bridge_name = clusterns.bridge_name
 delete_links = netns.delete_links
 start_nodes = netns.start_nodes
 stop_nodes = netns.stop_nodes

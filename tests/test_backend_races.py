@@ -155,7 +155,7 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
 
 
 def _local_lease(owner: str) -> int:
-    return LocalBackend()._lease_subnet(IP, owner)
+    return netns.lease_subnet(IP, LocalBackend().mtu, owner)
 
 
 def _emulator_lease(owner: str) -> int:
@@ -212,7 +212,7 @@ def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
     monkeypatch.setattr(clusterns, "subnet_leased", leased)
     index = None
     try:
-        index = LocalBackend()._lease_subnet(IP, str(tmp_path))
+        index = netns.lease_subnet(IP, LocalBackend().mtu, str(tmp_path))
         assert looked[0] == (start, True), looked  # the look came after the bridge was made
         assert index == start + 1 and not netns.link_exists(local.bridge_name(start))
     finally:

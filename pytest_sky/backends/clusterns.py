@@ -48,6 +48,8 @@ except ImportError:  # run as the program it is: from its directory
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 NUM_SUBNETS = 512  # 198.18.0.0/15 in /24s, as the root mode leases them
+#: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
+LINK_PREFIX = "psky"
 IFLA_BR_FORWARD_DELAY = 1
 #: How long the holder waits for a node to accept a connection before it answers ETIMEDOUT.
 CONNECT_SECONDS = 10.0
@@ -57,6 +59,11 @@ _MAX_LINE = 256
 def subnet_base(index: int) -> str:
     """``198.x.y.`` of subnet ``index``: the one definition, which the local backend reads too."""
     return f"198.{18 + index // 256}.{index % 256}."
+
+
+def bridge_name(index: int) -> str:
+    """The bridge of subnet ``index``: root's on the host, a holder's in its namespace."""
+    return f"{LINK_PREFIX}{index}"
 
 
 def subnet_lease_name(index: int) -> bytes:
@@ -183,12 +190,12 @@ def _lease() -> tuple[int, socket.socket]:
 
 def _root_bridge(index: int) -> bool:
     """A bridge of root's (a local cluster's, an emulator's) is on subnet ``index``."""
-    return os.path.exists(f"/sys/class/net/psky{index}")
+    return os.path.exists(f"/sys/class/net/{bridge_name(index)}")
 
 
 def _bridge(index: int, mtu: int) -> int:
     """The cluster's bridge at ``.1`` of its subnet, up, with its route; returns its ifindex."""
-    name, base = f"psky{index}", subnet_base(index)
+    name, base = bridge_name(index), subnet_base(index)
     mac = bytearray(os.urandom(6))
     mac[0] = (mac[0] & 0xFC) | 0x02  # locally administered, unicast; fixed for the bridge's life
     body = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, name) + netlink.u32(netlink.IFLA_MTU, mtu)

@@ -39,7 +39,6 @@ from pytest_sky.state import Journal
 
 log = logging.getLogger(__name__)
 
-NUM_SUBNETS = clusterns.NUM_SUBNETS  # 198.18.0.0/15 in /24s
 MAX_NODES = 250
 READY_TIMEOUT = 60.0
 
@@ -50,8 +49,7 @@ def subnet_of(index: int) -> tuple[str, str]:
     return base + "0/24", base
 
 
-def bridge_name(index: int) -> str:
-    return f"{netns.LINK_PREFIX}{index}"
+bridge_name = clusterns.bridge_name
 
 
 def veth_name(index: int, rank: int) -> str:
@@ -176,7 +174,7 @@ class LocalBackend(Backend):
         if holder is not None:  # its subnet is leased by the holder, its links in its namespace
             index, bridge = holder.index, ""
         else:
-            index = self._lease_subnet(tools["ip"], str(config.cluster_dir))
+            index = netns.lease_subnet(tools["ip"], self.mtu, str(config.cluster_dir))
             bridge = bridge_name(index)
         subnet, base = subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
@@ -414,17 +412,6 @@ class LocalBackend(Backend):
         return node
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _lease_subnet(self, ip: str, owner: str) -> int:
-        """A free /24 of 198.18.0.0/15 (``netns.lease_subnet``)."""
-        index = netns.lease_subnet(ip, self.mtu, owner)
-        if index is None:
-            raise ProvisionError(
-                f"all {NUM_SUBNETS} local cluster subnets are in use or routed elsewhere on this host: tear "
-                "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
-                "198.18.0.0/15 with `ip link` and `ip route show table all`)"
-            )
-        return index
 
     def _write_node_dirs(
         self, config: ProvisionConfig, info: ClusterInfo, index: int, shares: list[str]

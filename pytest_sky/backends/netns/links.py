@@ -17,11 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pytest_sky.backends import clusterns, netlink
+from pytest_sky.backends.clusterns import LINK_PREFIX
 from pytest_sky.errors import ProvisionError
 from pytest_sky.locks import flocked
-
-#: Every link we create starts with this, so leaks are easy to find (``pytest-sky doctor``).
-LINK_PREFIX = "psky"
 
 
 def ip_batch(ip: str, commands: Iterable[str], *, force: bool = False) -> str:
@@ -40,9 +38,9 @@ def link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
-def lease_subnet(ip: str, mtu: int, owner: str) -> int | None:
+def lease_subnet(ip: str, mtu: int, owner: str) -> int:
     """A /24 of 198.18.0.0/15 leased for a new cluster by creating its bridge, configured at
-    ``.1``; its index, or None when every one is taken or routed elsewhere.  None that a route
+    ``.1``; its index (ProvisionError when every one is taken or routed elsewhere).  None that a route
     of the host's overlaps (a VPN's, a fake-IP DNS tool's: :func:`routed_networks`), which the
     bridge would shadow.  Root's clusters and the emulator's pods lease here; a rootless
     cluster's holder leases in ``clusterns``, for a namespace of its own.
@@ -58,7 +56,7 @@ def lease_subnet(ip: str, mtu: int, owner: str) -> int | None:
     routed = [ipaddress.ip_network(dst, strict=False) for dst in routed_networks(ip)]
     for index in clusterns.lease_order():
         base = clusterns.subnet_base(index)
-        name = f"{LINK_PREFIX}{index}"
+        name = clusterns.bridge_name(index)
         subnet = ipaddress.ip_network(base + "0/24")
         if any(subnet.overlaps(r) for r in routed if r.version == 4) or not _claim_bridge(ip, name, mtu, owner):
             continue
@@ -67,7 +65,11 @@ def lease_subnet(ip: str, mtu: int, owner: str) -> int | None:
             continue
         _configure_bridge(ip, name, base + "1", 24, base + "0/24")
         return index
-    return None
+    raise ProvisionError(
+        f"all {clusterns.NUM_SUBNETS} subnets of 198.18.0.0/15 are in use or routed elsewhere on this host: tear "
+        "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
+        "198.18.0.0/15 with `ip link` and `ip route show table all`)"
+    )
 
 
 def create_bridge(ip: str, name: str, address: str, prefixlen: int, subnet: str, mtu: int, owner: str = "") -> bool:
