@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     plot_line = None
     if args.peers:
-        from bench import peers
+        from bench import fanout, kube_concurrency, peers
 
         peer_plan = peers.PeerPlan.quick() if args.quick else peers.PeerPlan.full()
         peer_series: dict = {}
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         steps += [
             ("peers: bring-up", peer_bringup),
             ("peers: gloo test", lambda: peers.gloo_test(peer_plan, namer)),
-            ("peers: ssh fan-out", lambda: peers.fanout(peer_plan, namer)),
-            ("peers: ssh concurrency, kubernetes", lambda: peers.kube_concurrency(peer_plan, namer, figures)),
+            ("peers: ssh fan-out", lambda: fanout.measure(peer_plan, namer)),
+            ("peers: ssh concurrency, kubernetes", lambda: kube_concurrency.measure(peer_plan, namer, figures)),
         ]
     if args.peers or args.shared_clusters:
         from bench.shared_clusters import SECTION, shared_clusters

@@ -1,4 +1,5 @@
-"""No function in ``pytest_sky`` or ``kube_emulator`` is longer than 60 lines; no module is
+"""No function in ``pytest_sky`` or ``kube_emulator`` is longer than 60 lines; no module of
+the repository's code (those two, the benchmark, the tests, the smoke suite, the examples) is
 over 600 and no class over 400.
 
 A function that does not fit on a screen usually does several things, and each should have
@@ -107,6 +108,8 @@ def test_the_limit_is_inclusive(tmp_path: Path, lines: int, flagged: bool) -> No
 
 MODULE_LIMIT = 600
 CLASS_LIMIT = 400
+#: Everything a newcomer reads, not only what ships: a 750-line benchmark module is as hard to hold.
+ROOM_ROOTS = [*ROOTS, REPO / "bench", REPO / "tests", REPO / "smoke", REPO / "examples"]
 
 
 def big_rooms(root: Path) -> list[str]:
@@ -126,7 +129,7 @@ def big_rooms(root: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("root", ROOTS, ids=lambda root: root.name)
+@pytest.mark.parametrize("root", ROOM_ROOTS, ids=lambda root: root.name)
 def test_no_module_or_class_is_too_big_to_hold(root: Path) -> None:
     """A module past 600 lines or a class past 400 does several jobs; split it by concern."""
     found = big_rooms(root)

@@ -8,26 +8,16 @@ and checks afterwards that nothing of its clusters is left on the machine: no re
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-import pytest_sky
-from tests.leftovers import processes_mentioning
 from tests.plugin_helpers import (
     RECORDER,
     assert_no_traceback,
     assert_nothing_left,
-    link_names,
     needs_local_backend,
     recorded,
     report_block,
@@ -406,180 +396,6 @@ def test_marker_shapes_the_cluster(pytester: pytest.Pytester, sky_home: Path) ->
     for info in infos.values():
         assert info["num_nodes"] == 3 and len(info["node_ips"]) == 3, info
     assert_nothing_left(sky_home, list(infos.values()))
-
-
-# ----------------------------------------------------------------------------- keep-clusters
-
-
-@needs_local_backend
-def test_keep_clusters_leaves_the_cluster_up_and_says_how_to_reach_it(
-    pytester: pytest.Pytester, sky_home: Path
-) -> None:
-    pytester.makepyfile(
-        test_inner=RECORDER
-        + textwrap.dedent(
-            """
-            import pytest
-
-            @pytest.mark.multinode
-            def test_kept(sky_cluster):
-                record(sky_cluster, "kept")
-            """
-        )
-    )
-    result = pytester.runpytest_subprocess("--keep-clusters")
-    result.assert_outcomes(passed=1)
-    info = recorded(pytester)["kept"]
-    name = info["name"]
-    try:
-        ssh_config = sky_home / "clusters" / name / "ssh_config"
-        result.stdout.fnmatch_lines(
-            [
-                "*pytest-sky: kept clusters*",
-                f"{name}: 2 node(s)*ssh -F {ssh_config} {name}*pytest-sky down {name}*",
-            ]
-        )
-        assert (sky_home / "clusters" / name / "record.json").exists()
-        assert set(info["links"]) <= link_names()
-        # What the summary promises works after the run has ended.
-        ssh = subprocess.run(
-            ["ssh", "-F", str(ssh_config), name, "hostname"], capture_output=True, text=True, timeout=30, check=False
-        )
-        assert (ssh.returncode, ssh.stdout.strip()) == (0, f"{name}-head"), ssh.stderr
-    finally:
-        pytest_sky.get_cluster(name).down()
-    assert_nothing_left(sky_home, [info])
-
-
-@needs_local_backend
-def test_keep_clusters_summary_under_xdist(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_inner="""
-        import pytest
-
-        @pytest.mark.multinode
-        def test_kept(sky_cluster):
-            pass
-        """
-    )
-    result = pytester.runpytest_subprocess("-n", "2", "--keep-clusters")
-    result.assert_outcomes(passed=1)  # the kept cluster is removed by the sky_home fixture
-    result.stdout.fnmatch_lines(["*pytest-sky: kept clusters*", "sky-kept-*ssh -F *pytest-sky down sky-kept-*"])
-
-
-# ------------------------------------------------------------------------------------- reaper
-
-
-@needs_local_backend
-def test_next_run_reaps_clusters_of_a_killed_run(pytester: pytest.Pytester, sky_home: Path) -> None:
-    out = pytester.path / "out"
-    fifo = pytester.path / "never-written"
-    os.mkfifo(fifo)
-    killed = pytester.makepyfile(
-        test_killed=RECORDER
-        + textwrap.dedent(
-            f"""
-            import pytest
-
-            @pytest.mark.multinode(num_nodes=2)
-            def test_blocks(sky_cluster):
-                record(sky_cluster, "killed")
-                with open({str(fifo)!r}) as f:  # blocks: nobody ever opens it for writing
-                    f.read()
-            """
-        )
-    )
-    log = pytester.path / "killed.log"
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                f"--basetemp={pytester.path / 'tmp-killed'}",
-                str(killed),
-            ],
-            cwd=pytester.path,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not (out / "killed.json").exists():
-            assert proc.poll() is None, f"the inner run ended early:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no cluster within 60 s:\n{log.read_text()}"
-            time.sleep(0.02)  # polling interval while watching for the file, not a readiness guess
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    info = recorded(pytester)["killed"]
-    name = info["name"]
-    journal = json.loads((sky_home / "clusters" / name / "backend.json").read_text())
-    links = [journal["bridge"], *journal["veths"]]
-    assert sorted(links) == sorted(info["links"])
-    # The owner is gone; its cluster is not.
-    assert set(links) <= link_names()
-    assert processes_mentioning(f"{sky_home}/clusters/{name}/")
-
-    after = pytester.makepyfile(test_after="def test_nothing():\n    pass\n")
-    result = pytester.runpytest_subprocess(str(after))
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"pytest-sky: reaped 1 cluster(s) left by a killed run: {name}"])
-    assert_nothing_left(sky_home, [info])
-
-
-# -------------------------------------------------------------------------------------- xdist
-
-
-@needs_local_backend
-def test_cluster_names_and_subnets_are_unique_under_xdist(pytester: pytest.Pytester, sky_home: Path) -> None:
-    pytester.makepyfile(
-        test_inner=RECORDER
-        + textwrap.dedent(
-            """
-            import time
-            import pytest
-
-            @pytest.mark.multinode
-            @pytest.mark.parametrize("i", range(4))
-            def test_trivial(sky_cluster, i):
-                up = time.time()
-                assert sky_cluster.run("hostname").returncode == 0
-                # Rendezvous: hold this cluster until the other worker has one up too, so that
-                # at least two clusters provably live at the same time.
-                me = os.environ["PYTEST_XDIST_WORKER"]
-                out = Path(os.environ["SKY_TEST_OUT"])
-                (out / f"up-{me}-{i}").touch()
-                deadline = time.monotonic() + 30
-                while not [p for p in out.glob("up-*") if not p.name.startswith(f"up-{me}-")]:
-                    assert time.monotonic() < deadline, "the other xdist worker brought no cluster up"
-                    time.sleep(0.01)  # polling interval while watching for the file
-                record(sky_cluster, f"t{i}", up=up)
-            """
-        )
-    )
-    result = pytester.runpytest_subprocess("-n", "2")
-    result.assert_outcomes(passed=4)
-    infos = list(recorded(pytester).values())
-    assert len(infos) == 4
-    names = [i["name"] for i in infos]
-    assert len(set(names)) == 4, names
-    assert {i["worker"] for i in infos} == {"gw0", "gw1"}, infos
-    for info in infos:
-        assert re.search(rf"-{info['worker']}-", info["name"]), info
-    for a, b in itertools.combinations(infos, 2):
-        alive_together = a["up"] <= b["time"] and b["up"] <= a["time"]
-        if alive_together:  # a subnet may be reused once its cluster is gone, never while it lives
-            assert not set(a["node_ips"]) & set(b["node_ips"]), (a, b)
-    assert any(a["up"] <= b["time"] and b["up"] <= a["time"] for a, b in itertools.combinations(infos, 2)), (
-        "no two clusters were up at the same time: -n 2 did not run them in parallel"
-    )
-    assert_nothing_left(sky_home, infos)
 
 
 # ----------------------------------------------------------------------------- public contract
