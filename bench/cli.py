@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         own_home = tempfile.mkdtemp(prefix="pytest-sky-bench-home-")
         os.environ["PYTEST_SKY_HOME"] = own_home
     workdir = Path(tempfile.mkdtemp(prefix="pytest-sky-bench-"))
+    # A peer that imports torch's distributed test helpers here (MultiProcessTestCase) leaves
+    # /tmp/torchinductor_<user> behind; peers inherit this, and the workdir goes at the end.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "torchinductor"))
 
     from bench import rootless, sections  # after PYTEST_SKY_HOME is settled
 
