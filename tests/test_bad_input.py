@@ -246,7 +246,10 @@ CLI_CASES = {
     "num_nodes_negative": (["launch", "-c", "bad-input", "--num-nodes", "-1", "--", "true"], "--num-nodes"),
     "num_nodes_zero": (["launch", "-c", "bad-input", "--num-nodes", "0", "--", "true"], "--num-nodes"),
     "num_nodes_huge": (["launch", "-c", "bad-input", "--num-nodes", "10000", "--", "true"], "num_nodes"),
-    "num_nodes_word": (["launch", "-c", "bad-input", "--num-nodes", "two", "--", "true"], "--num-nodes"),
+    "num_nodes_word": (
+        ["launch", "-c", "bad-input", "--num-nodes", "two", "--", "true"],
+        "--num-nodes: expected a whole number >= 1, got 'two'",
+    ),
     "gpus_abc": (["launch", "-c", "bad-input", "--gpus", "V100:abc", "--", "true"], "gpus"),
     "cpus_abc": (["launch", "-c", "bad-input", "--cpus", "abc", "--", "true"], "cpus must be"),
     "memory_negative": (["launch", "-c", "bad-input", "--memory", "-5", "--", "true"], "memory must be"),
@@ -257,7 +260,8 @@ CLI_CASES = {
     "logs_unknown_cluster": (["logs", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
     "queue_unknown_cluster": (["queue", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
     "ssh_unknown_cluster": (["ssh", "no-such-cluster"], "no cluster named 'no-such-cluster'"),
-    "logs_job_zero": (["logs", "no-such-cluster", "0"], "JOB"),
+    # The same words as an option's: a job id is checked as --num-nodes is.
+    "logs_job_zero": (["logs", "no-such-cluster", "0"], "argument JOB: expected a whole number >= 1, got '0'"),
 }
 
 

@@ -31,6 +31,7 @@ from pytest_sky.cli.commands import (
     cmd_ssh_config,
     cmd_status,
     cmd_stress_ssh,
+    whole_number,
 )
 from pytest_sky.cli.logs import cmd_logs
 from pytest_sky.cli.power import cmd_start, cmd_stop
@@ -112,12 +113,9 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
 
 def _positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+        return whole_number(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,14 @@ class UsageError(SkyError):
     """Bad arguments: one line, exit 2."""
 
 
+def whole_number(text: str) -> int:
+    """``text`` as a whole number >= 1 (a node count, a job id); ValueError with the one
+    line that says what was wrong, which argparse's types and ``logs``'s free words share."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise ValueError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _age(created: float) -> str:
     seconds = max(0, int(time.time() - created))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

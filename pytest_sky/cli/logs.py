@@ -8,7 +8,7 @@ import sys
 
 from pytest_sky import console
 from pytest_sky.cli import job_report
-from pytest_sky.cli.commands import UsageError, _cluster
+from pytest_sky.cli.commands import UsageError, _cluster, whole_number
 from pytest_sky.cli.job_report import JobExitCode
 from pytest_sky.protocol import JobStatus
 
@@ -82,9 +82,10 @@ def _last_lines(text: str, tail: int) -> str:
 
 
 def _job_id(word: str) -> int:
-    if not word.isdigit() or int(word) < 1:
-        raise UsageError(f"argument JOB: expected a whole number >= 1, got {word!r}")
-    return int(word)
+    try:
+        return whole_number(word)
+    except ValueError as exc:
+        raise UsageError(f"argument JOB: {exc}") from None
 
 
 def _sync_down(cluster, job) -> int:
