@@ -209,7 +209,7 @@ def test_a_launch_prints_skys_transcript_and_a_failed_setup_names_its_workers(tm
           || fail "status --ip"
         sky launch -y -c "$C" --use-spot "true" >/dev/null 2>&1 || fail "launch --use-spot"
         sky logs "$C" 1 2 --sync-down | grep -c "logs: " | grep -qx 2 || fail "logs J1 J2 --sync-down"
-        sky logs "$C" nothing-here --sync-down >/dev/null 2>&1 || fail "a word that is no job id"
+        sky logs "$C" nothing-here ² --sync-down >/dev/null 2>&1 || fail "words that are no job id"
         s=$(sky cost-report --all) && echo $s | grep -q "$C" && echo $s | grep -q "Total Cost" || fail "cost-report"
         sky launch -y -c "$C" min.yaml | grep -A 1 "Launching on" | grep -q "is up." || fail "a relaunch says it is up"
         sky down -y "$C" no-such-cluster | grep -q "not found" || fail "down with an unknown name"

@@ -105,7 +105,7 @@ def _sync_down_each(cluster, words: list[str]) -> int:
     from pytest_sky.errors import RunError
 
     for word in words:
-        if not word.isdigit():
+        if not word.strip().isdecimal():  # isdigit would take '²', which int() refuses
             console.note(f"{word!r} is no job id of {cluster.name}: skipped")
             continue
         job = cluster.job(int(word))
