@@ -23,32 +23,49 @@ if TYPE_CHECKING:
     from pytest_sky import Cluster
 
 
+def _paramiko_connect(ip: str, pkey: paramiko.PKey, known_hosts: Path) -> paramiko.SSHClient:
+    """A paramiko connection to ``ip`` that checks its host key (RejectPolicy)."""
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(ip, username="root", pkey=pkey, allow_agent=False, look_for_keys=False, timeout=20)
+    return client
+
+
+def _paramiko_hostname(client: paramiko.SSHClient) -> str:
+    _, stdout, _ = client.exec_command("hostname")
+    out = stdout.read().decode().strip()
+    if stdout.channel.recv_exit_status() != 0:
+        raise RuntimeError("hostname failed")
+    return out
+
+
+def _paramiko_round(one: Callable, items: list) -> float:
+    """``one`` on every item at once, a thread each; the round's seconds (every name distinct)."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        names = list(pool.map(one, items))
+    dt = time.perf_counter() - t0
+    if len(set(names)) != len(items):
+        raise RuntimeError(f"paramiko fan-out got {names}")
+    return dt
+
+
 def _paramiko_fanout(ips: list[str], key_path: Path, known_hosts: Path) -> float:
     import paramiko
 
     pkey = paramiko.Ed25519Key.from_private_key_file(str(key_path))
 
     def one(ip: str) -> str:
-        client = paramiko.SSHClient()
-        client.load_host_keys(str(known_hosts))
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client = _paramiko_connect(ip, pkey, known_hosts)
         try:
-            client.connect(ip, username="root", pkey=pkey, allow_agent=False, look_for_keys=False, timeout=20)
-            _, stdout, _ = client.exec_command("hostname")
-            out = stdout.read().decode().strip()
-            if stdout.channel.recv_exit_status() != 0:
-                raise RuntimeError(f"hostname on {ip} failed")
-            return out
+            return _paramiko_hostname(client)
         finally:
             client.close()
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(ips)) as pool:
-        names = list(pool.map(one, ips))
-    dt = time.perf_counter() - t0
-    if len(set(names)) != len(ips):
-        raise RuntimeError(f"paramiko fan-out got {names}")
-    return dt
+    return _paramiko_round(one, ips)
 
 
 def _ours_fanout(c: Cluster) -> float:
@@ -77,33 +94,12 @@ def _paramiko_open(ips: list[str], key_path: Path, known_hosts: Path) -> list[pa
     import paramiko
 
     pkey = paramiko.Ed25519Key.from_private_key_file(str(key_path))
-    clients = []
-    for ip in ips:
-        client = paramiko.SSHClient()
-        client.load_host_keys(str(known_hosts))
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(ip, username="root", pkey=pkey, allow_agent=False, look_for_keys=False, timeout=20)
-        clients.append(client)
-    return clients
+    return [_paramiko_connect(ip, pkey, known_hosts) for ip in ips]
 
 
 def _paramiko_warm(clients: list[paramiko.SSHClient]) -> float:
     """``hostname`` on every node over connections opened beforehand, one thread each."""
-
-    def one(client: paramiko.SSHClient) -> str:
-        _, stdout, _ = client.exec_command("hostname")
-        out = stdout.read().decode().strip()
-        if stdout.channel.recv_exit_status() != 0:
-            raise RuntimeError("hostname failed")
-        return out
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
-        names = list(pool.map(one, clients))
-    dt = time.perf_counter() - t0
-    if len(set(names)) != len(clients):
-        raise RuntimeError(f"paramiko fan-out got {names}")
-    return dt
+    return _paramiko_round(_paramiko_hostname, clients)
 
 
 def _known_hosts_keys(known_hosts: Path, ips: list[str]) -> str:

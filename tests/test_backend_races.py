@@ -31,7 +31,7 @@ def test_a_reaper_never_deletes_a_bridge_whose_creator_is_still_at_work(tmp_path
     (clusters / "busy").mkdir(parents=True)
     (clusters / "busy" / "record.json").write_text("{}")
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     reaped: list[list[str]] = []
     try:
         with netns.link_lock(exclusive=False):  # the creator, mid-way
@@ -49,7 +49,7 @@ def test_a_reaper_never_deletes_a_bridge_whose_creator_is_still_at_work(tmp_path
 
 def test_a_bridge_whose_creator_died_before_naming_it_is_reaped(tmp_path: Path) -> None:
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     subprocess.run([IP, "link", "add", name, "type", "bridge"], check=True)  # nobody holds the lock
     try:
         assert f"link {name}" in LocalBackend().reap_stray_links(tmp_path / "clusters")
@@ -63,7 +63,7 @@ def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_g
     a link of the host's that happens to carry the same group number stays, and so do the
     links of every other cluster."""
     index = free_indexes(2)
-    name, other = local.bridge_name(index), local.bridge_name(index + 1)
+    name, other = clusterns.bridge_name(index), clusterns.bridge_name(index + 1)
     subnet, base = local.subnet_of(index)
     group = netns.link_group(name)
     foreign = f"tgrp{os.getpid() % 100000}"
@@ -88,7 +88,7 @@ def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_g
 
 def test_a_new_bridge_forwards_nothing(tmp_path: Path) -> None:
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     subnet, base = local.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     try:
@@ -187,7 +187,7 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(
     finally:
         subprocess.run([IP, "route", "del", "blackhole", routed, "table", "51820"], check=False)
         if index is not None:
-            netns.delete_links(IP, [local.bridge_name(index)])
+            netns.delete_links(IP, [clusterns.bridge_name(index)])
 
 
 def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
@@ -204,7 +204,7 @@ def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
     real_leased = clusterns.subnet_leased
 
     def leased(index: int) -> bool:
-        looked.append((index, netns.link_exists(local.bridge_name(index))))
+        looked.append((index, netns.link_exists(clusterns.bridge_name(index))))
         if index == start and not real_leased(index):
             holder.bind(clusterns.subnet_lease_name(index))  # the holder, just before the look
         return real_leased(index)
@@ -212,13 +212,13 @@ def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
     monkeypatch.setattr(clusterns, "subnet_leased", leased)
     index = None
     try:
-        index = netns.lease_subnet(IP, LocalBackend().mtu, str(tmp_path))
+        index = _local_lease(str(tmp_path))
         assert looked[0] == (start, True), looked  # the look came after the bridge was made
-        assert index == start + 1 and not netns.link_exists(local.bridge_name(start))
+        assert index == start + 1 and not netns.link_exists(clusterns.bridge_name(start))
     finally:
         holder.close()
         if index is not None:
-            netns.delete_links(IP, [local.bridge_name(index)])
+            netns.delete_links(IP, [clusterns.bridge_name(index)])
 
 
 def test_a_bridge_made_while_a_holder_leases_wins_and_the_lease_goes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,7 +245,7 @@ def test_a_link_that_survives_its_deletion_is_an_error_not_a_silent_leak(tmp_pat
     """``ip -force`` goes on past a failed line, so a deletion that did not happen would
     otherwise pass for one that did, and teardown would report success over a leak."""
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     subnet, base = local.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     try:
@@ -265,7 +265,7 @@ def test_a_teardown_leaves_the_links_a_new_launch_made_under_the_freed_names(
     from pytest_sky.backends.netns import links
 
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     subnet, base = local.subnet_of(index)
     old, new = str(tmp_path / "old"), str(tmp_path / "new")
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, old)

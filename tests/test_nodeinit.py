@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_sky import procs
-from pytest_sky.backends import local, netns
+from pytest_sky.backends import clusterns, local, netns
 from pytest_sky.backends.netns import output, spawn
 from pytest_sky.backends.nodeinit_protocol import Report, Stage
 from pytest_sky.errors import ProvisionError
@@ -28,7 +28,7 @@ from tests.bridges import IP, free_indexes
 def bridge(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """(bridge, subnet, base address) of a fresh bridge of ours, gone afterwards with its links."""
     index = free_indexes(1)
-    name = local.bridge_name(index)
+    name = clusterns.bridge_name(index)
     subnet, base = local.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     yield name, subnet, base

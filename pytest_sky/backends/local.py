@@ -49,9 +49,6 @@ def subnet_of(index: int) -> tuple[str, str]:
     return base + "0/24", base
 
 
-bridge_name = clusterns.bridge_name
-
-
 def veth_name(index: int, rank: int) -> str:
     return f"{netns.LINK_PREFIX}{index}n{rank}"
 
@@ -175,7 +172,7 @@ class LocalBackend(Backend):
             index, bridge = holder.index, ""
         else:
             index = netns.lease_subnet(tools["ip"], self.mtu, str(config.cluster_dir))
-            bridge = bridge_name(index)
+            bridge = clusterns.bridge_name(index)
         subnet, base = subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
         state = LocalJournal(index=index, bridge=bridge, veths=veths, holder=holder)

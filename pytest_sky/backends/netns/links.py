@@ -40,9 +40,9 @@ def link_exists(name: str) -> bool:
 
 def lease_subnet(ip: str, mtu: int, owner: str) -> int:
     """A /24 of 198.18.0.0/15 leased for a new cluster by creating its bridge, configured at
-    ``.1``; its index (ProvisionError when every one is taken or routed elsewhere).  None that a route
-    of the host's overlaps (a VPN's, a fake-IP DNS tool's: :func:`routed_networks`), which the
-    bridge would shadow.  Root's clusters and the emulator's pods lease here; a rootless
+    ``.1``; its index (ProvisionError when every one is taken or routed elsewhere).  Never one
+    that a route of the host's overlaps (a VPN's, a fake-IP DNS tool's: :func:`routed_networks`),
+    which the bridge would shadow.  Root's clusters and the emulator's pods lease here; a rootless
     cluster's holder leases in ``clusterns``, for a namespace of its own.
 
     Taken first, then checked: the bridge (its creation is atomic in the kernel), then the
@@ -67,7 +67,7 @@ def lease_subnet(ip: str, mtu: int, owner: str) -> int:
         return index
     raise ProvisionError(
         f"all {clusterns.NUM_SUBNETS} subnets of 198.18.0.0/15 are in use or routed elsewhere on this host: tear "
-        "clusters down with `pytest-sky down --all` (or look for psky* bridges and for routes into "
+        f"clusters down with `pytest-sky down --all` (or look for {LINK_PREFIX}* bridges and for routes into "
         "198.18.0.0/15 with `ip link` and `ip route show table all`)"
     )
 
