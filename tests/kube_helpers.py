@@ -27,13 +27,23 @@ KUBECTL = shutil.which("kubectl")
 NO_KUBECTL = "kubectl is not on PATH: apt-get install kubernetes-client"
 
 
+def kubectl_command(
+    kubeconfig: Path | str, *args: str, context: str | None = "kube-emulator"
+) -> tuple[list[str], dict[str, str]]:
+    """kubectl's argv and environment for ``kubeconfig`` (and ``context``: None leaves it to
+    ``args``), as a user runs it, but with its discovery and HTTP caches beside the kubeconfig:
+    its default, ``~/.kube/cache``, is the user's, and every emulator's port added a directory."""
+    assert KUBECTL is not None, NO_KUBECTL
+    cache = Path(kubeconfig).parent / "kubectl-cache"
+    argv = [KUBECTL, "--cache-dir", str(cache), *(["--context", context] if context else []), *args]
+    return argv, {**os.environ, "KUBECONFIG": str(kubeconfig)}
+
+
 def run_kubectl(
     kubeconfig: Path | str, *args: str, context: str | None = "kube-emulator", input: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    """kubectl with ``kubeconfig`` (and ``context``: None leaves it to ``args``), as a user runs it."""
-    assert KUBECTL is not None, NO_KUBECTL
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    argv = [KUBECTL, *(["--context", context] if context else []), *args]
+    """kubectl run to its end (:func:`kubectl_command`)."""
+    argv, env = kubectl_command(kubeconfig, *args, context=context)
     return subprocess.run(argv, input=input, capture_output=True, env=env, timeout=120, check=False)
 
 

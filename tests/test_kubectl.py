@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import ROLE_CONTEXT, Emulator
 from pytest_sky.backends import kube_manifests as manifests
-from tests.kube_helpers import KUBECTL, NO_KUBECTL, run_kubectl
+from tests.kube_helpers import KUBECTL, NO_KUBECTL, kubectl_command, run_kubectl
 
 REPO = Path(__file__).resolve().parent.parent
 RBAC = REPO / "examples" / "kubernetes" / "rbac.yaml"
@@ -59,6 +59,18 @@ def kubectl(emu: Emulator, *args: str, context: str = "kube-emulator", check: bo
     if check:
         assert run.returncode == 0, f"kubectl {' '.join(args)}: {out}"
     return out
+
+
+def test_kubectl_keeps_its_caches_out_of_the_users_home(emu: Emulator, tmp_path: Path) -> None:
+    """kubectl caches discovery under ``~/.kube/cache`` by default: every emulator's port had
+    left a directory in the home of whoever ran the suite.  The tests' kubectl caches beside
+    the emulator's kubeconfig, which goes with the emulator."""
+    argv, env = kubectl_command(emu.kubeconfig_path, "get", "pods")
+    env["HOME"] = str(tmp_path)
+    run = subprocess.run(argv, capture_output=True, env=env, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert not (tmp_path / ".kube").exists()
+    assert (emu.kubeconfig_path.parent / "kubectl-cache").is_dir()
 
 
 def table(out: str) -> list[list[str]]:
@@ -108,9 +120,7 @@ def test_exec_with_a_terminal_and_stdin(emu: Emulator, cluster: pytest_sky.Clust
     import struct
     import termios
 
-    assert KUBECTL is not None
-    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
-    argv = [KUBECTL, "--context", "kube-emulator", "exec", "-it", f"{cluster.name}-head", "--", "bash"]
+    argv, env = kubectl_command(emu.kubeconfig_path, "exec", "-it", f"{cluster.name}-head", "--", "bash")
     pid, fd = pty.fork()
     if pid == 0:  # the terminal's size first: kubectl sends it
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 37, 101, 0, 0))
@@ -205,10 +215,9 @@ def test_port_forward_in_kubectls_protocol_carries_an_ssh_session(
     megabytes both ways; a second connection through the same session works too."""
     import re
 
-    assert KUBECTL is not None
-    env = {**os.environ, "KUBECONFIG": str(emu.kubeconfig_path)}
+    argv, env = kubectl_command(emu.kubeconfig_path, "port-forward", f"pod/{cluster.name}-head", ":22")
     forward = subprocess.Popen(
-        [KUBECTL, "--context", "kube-emulator", "port-forward", f"pod/{cluster.name}-head", ":22"],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
