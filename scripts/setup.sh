@@ -68,4 +68,4 @@ say "installing pytest-sky, its test extras and NeMo"
 .venv/bin/python -m compileall -q pytest_sky kube_emulator bench tests
 PYTHONDONTWRITEBYTECODE='' .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null \
   || say "the tests do not collect: .venv/bin/python -m pytest --collect-only says why"
-say "ready: .venv/bin/python -m pytest smoke -k multinode"
+say "ready: the smoke suite is '.venv/bin/python -m pytest smoke -k multinode', the whole suite '.venv/bin/python -m pytest -n 4 --dist worksteal'"
