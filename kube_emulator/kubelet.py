@@ -135,7 +135,7 @@ class Kubelet:
             await loop.run_in_executor(self.pool, product.stop_nodes, self.network.tools["ip"], leftovers)
         if self.network.bridge:
             await loop.run_in_executor(self.pool, product.delete_links, self.network.tools["ip"], [self.network.bridge])
-            self.network.bridge = ""
+            self.network.index = -1
         self.pool.shutdown(wait=False)
         self.entry.shutdown()
         shutil.rmtree(self.instance_dir, ignore_errors=True)

@@ -19,10 +19,8 @@ class PodNetwork:
     def __init__(self, mtu: int = 65535) -> None:
         self.mtu = mtu
         self.tools: dict[str, str] = {}
+        #: The leased subnet's index (-1: none leased yet, or given back); the rest follows.
         self.index = -1
-        self.bridge = ""
-        self.subnet = ""
-        self.base = ""
         self.used_ips: set[int] = set()
         self.last_ip = 1  # the last octet handed out (the bridge is .1)
 
@@ -36,9 +34,19 @@ class PodNetwork:
     def lease(self, owner: str) -> None:
         """Lease a free subnet by creating its bridge, as the local backend leases its own
         (``owner``: recorded on the bridge, the instance directory whose it is)."""
-        index = product.lease_subnet(self.tools["ip"], self.mtu, owner)
-        self.base = product.subnet_base(index)
-        self.index, self.bridge, self.subnet = index, product.bridge_name(index), self.base + "0/24"
+        self.index = product.lease_subnet(self.tools["ip"], self.mtu, owner)
+
+    @property
+    def bridge(self) -> str:
+        return product.bridge_name(self.index) if self.index >= 0 else ""
+
+    @property
+    def subnet(self) -> str:
+        return product.subnet_of(self.index)[0] if self.index >= 0 else ""
+
+    @property
+    def base(self) -> str:
+        return product.subnet_of(self.index)[1] if self.index >= 0 else ""
 
     @property
     def host_ip(self) -> str:

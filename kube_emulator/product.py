@@ -39,7 +39,7 @@ __all__ = [
     "start_nodes",
     "start_time",
     "stop_nodes",
-    "subnet_base",
+    "subnet_of",
 ]
 
 # Nodes: a pod is one, on a bridge of the emulator's own (the local backend's primitive).
@@ -52,7 +52,7 @@ require_privileges = netns.require_privileges
 require_tools = netns.require_tools
 check_forward_policy = netns.check_forward_policy
 lease_subnet = netns.lease_subnet
-subnet_base = clusterns.subnet_base
+subnet_of = clusterns.subnet_of
 bridge_name = clusterns.bridge_name
 delete_links = netns.delete_links
 start_nodes = netns.start_nodes

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sky.backends import clusterns, local, netns
+from pytest_sky.backends import clusterns, netns
 from pytest_sky.backends.local import LocalBackend
 from pytest_sky.cluster import reap_orphans
 from pytest_sky.errors import ProvisionError
@@ -64,7 +64,7 @@ def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_g
     links of every other cluster."""
     index = free_indexes(2)
     name, other = clusterns.bridge_name(index), clusterns.bridge_name(index + 1)
-    subnet, base = local.subnet_of(index)
+    subnet, base = clusterns.subnet_of(index)
     group = netns.link_group(name)
     foreign = f"tgrp{os.getpid() % 100000}"
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
@@ -89,7 +89,7 @@ def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_g
 def test_a_new_bridge_forwards_nothing(tmp_path: Path) -> None:
     index = free_indexes(1)
     name = clusterns.bridge_name(index)
-    subnet, base = local.subnet_of(index)
+    subnet, base = clusterns.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     try:
         assert netns.link_alias(name) == str(tmp_path)
@@ -182,7 +182,7 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(
     index = None
     try:
         index = lease(str(tmp_path))
-        assert index not in (start, start + 1), f"leased {local.subnet_of(index)[0]}, inside {routed}"
+        assert index not in (start, start + 1), f"leased {clusterns.subnet_of(index)[0]}, inside {routed}"
         assert index == start + 2
     finally:
         subprocess.run([IP, "route", "del", "blackhole", routed, "table", "51820"], check=False)
@@ -246,7 +246,7 @@ def test_a_link_that_survives_its_deletion_is_an_error_not_a_silent_leak(tmp_pat
     otherwise pass for one that did, and teardown would report success over a leak."""
     index = free_indexes(1)
     name = clusterns.bridge_name(index)
-    subnet, base = local.subnet_of(index)
+    subnet, base = clusterns.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     try:
         with pytest.raises(ProvisionError, match=rf"^could not delete link {name} \(ip gave no reason\): run"):
@@ -266,7 +266,7 @@ def test_a_teardown_leaves_the_links_a_new_launch_made_under_the_freed_names(
 
     index = free_indexes(1)
     name = clusterns.bridge_name(index)
-    subnet, base = local.subnet_of(index)
+    subnet, base = clusterns.subnet_of(index)
     old, new = str(tmp_path / "old"), str(tmp_path / "new")
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, old)
     real = links.ip_batch

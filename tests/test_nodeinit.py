@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_sky import procs
-from pytest_sky.backends import clusterns, local, netns
+from pytest_sky.backends import clusterns, netns
 from pytest_sky.backends.netns import output, spawn
 from pytest_sky.backends.nodeinit_protocol import Report, Stage
 from pytest_sky.errors import ProvisionError
@@ -29,7 +29,7 @@ def bridge(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """(bridge, subnet, base address) of a fresh bridge of ours, gone afterwards with its links."""
     index = free_indexes(1)
     name = clusterns.bridge_name(index)
-    subnet, base = local.subnet_of(index)
+    subnet, base = clusterns.subnet_of(index)
     assert netns.create_bridge(IP, name, base + "1", 24, subnet, 1500, str(tmp_path))
     yield name, subnet, base
     netns.delete_cluster_links(IP, name)

@@ -61,6 +61,12 @@ def subnet_base(index: int) -> str:
     return f"198.{18 + index // 256}.{index % 256}."
 
 
+def subnet_of(index: int) -> tuple[str, str]:
+    """(``198.x.y.0/24``, ``198.x.y.``) of subnet ``index``."""
+    base = subnet_base(index)
+    return base + "0/24", base
+
+
 def bridge_name(index: int) -> str:
     """The bridge of subnet ``index``: root's on the host, a holder's in its namespace."""
     return f"{LINK_PREFIX}{index}"
@@ -195,7 +201,7 @@ def _root_bridge(index: int) -> bool:
 
 def _bridge(index: int, mtu: int) -> int:
     """The cluster's bridge at ``.1`` of its subnet, up, with its route; returns its ifindex."""
-    name, base = bridge_name(index), subnet_base(index)
+    name, (subnet, base) = bridge_name(index), subnet_of(index)
     mac = bytearray(os.urandom(6))
     mac[0] = (mac[0] & 0xFC) | 0x02  # locally administered, unicast; fixed for the bridge's life
     body = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, name) + netlink.u32(netlink.IFLA_MTU, mtu)
@@ -212,7 +218,7 @@ def _bridge(index: int, mtu: int) -> int:
         netlink.request(sock, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
         netlink.add_address(sock, bridge, base + "1", 24)
         netlink.request(sock, f"{name} up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(bridge, up=True))
-        netlink.subnet_route(sock, base + "0/24", bridge, base + "1")
+        netlink.subnet_route(sock, subnet, bridge, base + "1")
     return bridge
 
 

@@ -43,12 +43,6 @@ MAX_NODES = 250
 READY_TIMEOUT = 60.0
 
 
-def subnet_of(index: int) -> tuple[str, str]:
-    """(``198.18.x.0/24``, ``198.18.x.``) for subnet ``index``."""
-    base = clusterns.subnet_base(index)
-    return base + "0/24", base
-
-
 def veth_name(index: int, rank: int) -> str:
     return f"{netns.LINK_PREFIX}{index}n{rank}"
 
@@ -173,7 +167,7 @@ class LocalBackend(Backend):
         else:
             index = netns.lease_subnet(tools["ip"], self.mtu, str(config.cluster_dir))
             bridge = clusterns.bridge_name(index)
-        subnet, base = subnet_of(index)
+        subnet, base = clusterns.subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
         state = LocalJournal(index=index, bridge=bridge, veths=veths, holder=holder)
         state.save(journal)
@@ -327,7 +321,7 @@ class LocalBackend(Backend):
             [spec],
             bridge=state.bridge,
             prefixlen=24,
-            subnet=subnet_of(state.index)[0],
+            subnet=clusterns.subnet_of(state.index)[0],
             mtu=state.mtu or self.mtu,
             tools=tools,
             holder=state.holder,

@@ -55,15 +55,15 @@ def lease_subnet(ip: str, mtu: int, owner: str) -> int:
 
     routed = [ipaddress.ip_network(dst, strict=False) for dst in routed_networks(ip)]
     for index in clusterns.lease_order():
-        base = clusterns.subnet_base(index)
+        subnet, base = clusterns.subnet_of(index)
         name = clusterns.bridge_name(index)
-        subnet = ipaddress.ip_network(base + "0/24")
-        if any(subnet.overlaps(r) for r in routed if r.version == 4) or not _claim_bridge(ip, name, mtu, owner):
+        network = ipaddress.ip_network(subnet)
+        if any(network.overlaps(r) for r in routed if r.version == 4) or not _claim_bridge(ip, name, mtu, owner):
             continue
         if clusterns.subnet_leased(index):
             delete_links(ip, [name])
             continue
-        _configure_bridge(ip, name, base + "1", 24, base + "0/24")
+        _configure_bridge(ip, name, base + "1", 24, subnet)
         return index
     raise ProvisionError(
         f"all {clusterns.NUM_SUBNETS} subnets of 198.18.0.0/15 are in use or routed elsewhere on this host: tear "
