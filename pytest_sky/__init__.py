@@ -30,7 +30,7 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.fanout, agent.control,
-   agent.cgroup_spawn, agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
+   agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
 6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it

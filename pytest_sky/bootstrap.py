@@ -38,7 +38,6 @@ AGENT_PATH = "~/" + AGENT_FILE
 #: The agent and the stdlib-only modules it imports: one zipapp, generated, never copied by hand.
 AGENT_MODULES = (
     "agent",
-    "agent.cgroup_spawn",
     "agent.child",
     "agent.control",
     "agent.fanout",

@@ -35,8 +35,8 @@ def _two_nodes(kind: str, served: bool, pidfds: bool = True, clone3: bool = True
     its first, whose ranks run under the bash supervisor (``shell/rank_supervisor.sh``).
     ``pidfds=False``: the nodes' seccomp profile refuses pidfd_open, as an older runtime's
     does, and each server hands its ranks to a bash supervisor instead.  ``clone3=False``:
-    the profile refuses clone3 (ENOSYS, as today's runtimes' do), so a server cannot start a
-    rank in its cgroup (``agent.cgroup_spawn``) and moves it there instead."""
+    the profile refuses clone3 (ENOSYS, as today's runtimes' do), and libc's ``posix_spawn``,
+    which starts every rank, falls back to clone."""
     if kind == "cgroup" and ROOTLESS:
         pytest.skip("rootless nodes have no cgroups (none are the user's to give): the fallback runs")
     options: dict[str, object] = {"node_cgroups": "ro"} if kind == "fallback" else {}
@@ -245,8 +245,8 @@ def test_the_leftover_check_spares_a_rank_its_agent_is_starting(cluster):
 
 
 def test_a_rank_is_in_its_jobs_account_from_its_first_command(cluster, request: pytest.FixtureRequest):
-    """Its job's cgroup where the node has them (born there by clone3, or moved there before
-    it runs), its job's token where it has none; each run's its own."""
+    """Its job's cgroup where the node has them (moved there before it runs), its job's token
+    where it has none; each run's its own."""
     from pytest_sky import shell
 
     probe = f'grep "^0::" /proc/self/cgroup; echo "${shell.JOB_SCOPE_VAR}"'
@@ -261,6 +261,28 @@ def test_a_rank_is_in_its_jobs_account_from_its_first_command(cluster, request: 
             if request.node.callspec.params["cluster"].startswith("cgroup"):
                 assert group.startswith(f"0::/{shell.CGROUP_PREFIX}"), r.stdout
     assert len(tokens) == 4, firsts[0].output + firsts[1].output
+
+
+# The agent's own module, in the node, with the node's python: what a run calls as it starts.
+_WARM_PROBE = (
+    "import os, sys; sys.path.insert(0, os.path.expanduser('~/.sky/agent.pyz')); "
+    "from pytest_sky.agent import rank; before = open('/proc/self/cgroup').read(); "
+    "print(rank.move_into_own_cgroup(), open('/proc/self/cgroup').read() == before)"
+)
+
+
+def test_the_move_that_warms_the_kernel_moves_nothing(first_run_cluster, request: pytest.FixtureRequest):
+    """A run starts by moving itself into its own cgroup (``rank.warm_cgroup_moves``), so the
+    kernel's wait before the ranks' moves is paid early: the move is taken where the node's
+    cgroups are writable, leaves the process where it was, and is refused quietly where they
+    are read-only (as in a pod)."""
+    import shlex
+    import sys
+
+    res = first_run_cluster.run(f"{shlex.quote(sys.executable)} -I -S -c {shlex.quote(_WARM_PROBE)}")
+    assert res.returncode == 0, res.output
+    taken = "True" if request.node.callspec.params["first_run_cluster"] == "cgroup" else "False"
+    assert [r.stdout.split() for r in res.ranks] == [[taken, "True"]] * 2, res.output
 
 
 def test_runs_leave_no_job_cgroup_behind(cluster, request: pytest.FixtureRequest):

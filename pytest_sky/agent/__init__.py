@@ -43,6 +43,7 @@ from pytest_sky import procs, shell
 from pytest_sky.agent.control import COMMANDS
 from pytest_sky.agent.fanout import execute
 from pytest_sky.agent.queue import Cancellation
+from pytest_sky.agent.rank import warm_cgroup_moves
 from pytest_sky.agent.records import Emitter, new_job, update
 from pytest_sky.protocol import JobEvent, JobRecord, JobStatus, RunSpec, read_spec
 
@@ -64,6 +65,7 @@ def run_main() -> int:
     """An attached run: events to stdout (and the job's files); stdin is the lifeline."""
     import threading
 
+    warm_cgroup_moves()
     spec = _read_spec()
     record, job_dir = new_job(spec, detached=False, pid=os.getpid())  # its start time: new_job's
     emitter = Emitter(job_dir, to_stdout=True)
@@ -111,6 +113,7 @@ def _daemon(spec: RunSpec, record: JobRecord, job_dir: str, tell: int) -> int:
     try:
         cancel = Cancellation()
         signal.signal(signal.SIGTERM, cancel)  # before its pid is known: a cancel may come next
+        warm_cgroup_moves()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         record = update(job_dir, pid=os.getpid(), pid_start=procs.start_time(os.getpid()))
         os.close(tell)

@@ -33,7 +33,6 @@ import socket
 import time
 
 from pytest_sky import procs, shell
-from pytest_sky.agent.cgroup_spawn import spawn_into
 from pytest_sky.agent.rank import PID_MARK, remove_cgroup
 from pytest_sky.protocol import EXIT_MARK
 
@@ -79,24 +78,17 @@ class Supervised:
         try:
             devnull = os.open(os.devnull, os.O_RDONLY)
             fd = self.conn.fileno()
-            dups = [(devnull, 0), (fd, 1), (fd, 2), (gate_r, 3)]
+            actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in ((devnull, 0), (fd, 1), (fd, 2), (gate_r, 3))]
             env = dict(os.environ)
             env[shell.JOB_SCOPE_VAR] = self.token
             argv = ["/bin/bash", "-c", GATE + program.decode()]
             try:
-                # Born in the job's cgroup where the kernel can (no move: cgroup_spawn says why).
-                born = spawn_into(self.cgroup, argv, env, dups, SESSION_DEFAULTS) if self.cgroup else None
-                if born is None:
-                    actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in dups]
-                    self.pid = os.posix_spawn(
-                        "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
-                    )
+                self.pid = os.posix_spawn(
+                    "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0
+                )
             finally:
                 os.close(devnull)
-            if born is not None:
-                self.pid, self.pidfd = born
-            else:
-                self._watch_and_move()
+            self._watch_and_move()
             try:
                 self.conn.sendall(PID_MARK + str(self.pid).encode() + b"\n")
             except OSError:
@@ -108,7 +100,8 @@ class Supervised:
             self._stop(time.monotonic())
 
     def _watch_and_move(self) -> None:
-        """A bash spawned outside the job's cgroup: a pidfd to watch it by, then the move."""
+        """The bash, spawned in the server's cgroup: a pidfd to watch it by, then the move into
+        the job's (the run that asked for it warmed the kernel for that move: ``rank.warm_cgroup_moves``)."""
         try:
             self.pidfd = os.pidfd_open(self.pid)
         except OSError:  # nothing to watch it by: it never gets past the gate
