@@ -16,9 +16,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import report
 from bench.records import Figure, Machine
+
+if TYPE_CHECKING:  # imported for real only once PYTEST_SKY_HOME is settled (main)
+    from bench.peers import PeerPlan, Series
+    from bench.sections import Namer
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "latest.json"
@@ -79,6 +84,9 @@ def _sweep(prefix: str) -> None:
             get_cluster(record.name, store).down()
 
 
+Steps = list[tuple[str, Callable[[], list[Figure]]]]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if os.geteuid() != 0:
@@ -96,29 +104,61 @@ def main(argv: list[str] | None = None) -> int:
     # /tmp/torchinductor_<user> behind; peers inherit this, and the workdir goes at the end.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "torchinductor"))
 
-    from bench import rootless, sections  # after PYTEST_SKY_HOME is settled
+    from bench import sections  # after PYTEST_SKY_HOME is settled
 
-    plan = sections.Plan.quick() if args.quick else sections.Plan.full()
     mode = ("quick" if args.quick else "full") + (", peers" if args.peers else "")
     mode += ", shared clusters" if args.shared_clusters and not args.peers else ""
     namer = sections.Namer()
     machine = Machine.detect()
     figures: list[Figure] = []
     errors: list[str] = []
+    peer_series: dict[str, Series] = {}
     started = time.perf_counter()
-    steps: list[tuple[str, Callable[[], list[Figure]]]] = [
+    steps, peer_plan = _steps(args, namer, workdir, figures, peer_series)
+    try:
+        _measure(steps, figures, errors)
+    finally:
+        try:
+            _sweep(namer.prefix)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if own_home is not None:
+                shutil.rmtree(own_home, ignore_errors=True)
+    duration = time.perf_counter() - started
+    machine = machine.finished()
+    plot_line = None
+    if peer_plan is not None and peer_series:
+        from bench import peers
+
+        try:
+            plot_line = peers.plot(peer_series, peer_plan.sizes, machine)
+        except Exception as exc:  # noqa: BLE001 - a broken plot must not lose the table
+            plot_line = f"plot: failed: {type(exc).__name__}: {exc}"
+            errors.append(plot_line)
+    _report(args, machine, mode, duration, figures, errors, plot_line)
+    return 1 if errors else 0
+
+
+def _steps(
+    args: argparse.Namespace, namer: Namer, workdir: Path, figures: list[Figure], peer_series: dict[str, Series]
+) -> tuple[Steps, PeerPlan | None]:
+    """The sections this run measures, in order, and the peers' plan (None without ``--peers``).
+    ``figures`` is the list the run fills: the Kubernetes section reads the local rows in it."""
+    from bench import rootless, sections
+
+    plan = sections.Plan.quick() if args.quick else sections.Plan.full()
+    steps: Steps = [
         ("bring-up", lambda: sections.bringup(plan, namer, workdir)),
         ("run latency", lambda: sections.run_latency(plan, namer)),
         ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
         ("all_reduce", lambda: sections.allreduce(plan, namer)),
         (rootless.SECTION, lambda: rootless.versus_root(plan, namer)),
     ]
-    plot_line = None
+    peer_plan = None
     if args.peers:
         from bench import fanout, kube_concurrency, peers
 
         peer_plan = peers.PeerPlan.quick() if args.quick else peers.PeerPlan.full()
-        peer_series: dict = {}
 
         def peer_bringup() -> list[Figure]:
             figs, series = peers.bringup(peer_plan, namer)
@@ -135,29 +175,29 @@ def main(argv: list[str] | None = None) -> int:
         from bench.shared_clusters import SECTION, shared_clusters
 
         steps.append((SECTION, lambda: shared_clusters(args.quick)))
-    try:
-        for name, step in steps:
-            try:
-                figures += step()
-            except Exception as exc:  # noqa: BLE001 - one failed section must not hide the others
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-                figures.append(Figure(section=name, name="(not measured)", unit="s", value=None, error=str(exc)))
-    finally:
-        try:
-            _sweep(namer.prefix)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-            if own_home is not None:
-                shutil.rmtree(own_home, ignore_errors=True)
-    duration = time.perf_counter() - started
-    machine = machine.finished()
-    if args.peers and peer_series:
-        try:
-            plot_line = peers.plot(peer_series, peer_plan.sizes, machine)
-        except Exception as exc:  # noqa: BLE001 - a broken plot must not lose the table
-            plot_line = f"plot: failed: {type(exc).__name__}: {exc}"
-            errors.append(plot_line)
+    return steps, peer_plan
 
+
+def _measure(steps: Steps, figures: list[Figure], errors: list[str]) -> None:
+    """Each section in turn, its figures into ``figures``; one that fails is a row saying so."""
+    for name, step in steps:
+        try:
+            figures += step()
+        except Exception as exc:  # noqa: BLE001 - one failed section must not hide the others
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            figures.append(Figure(section=name, name="(not measured)", unit="s", value=None, error=str(exc)))
+
+
+def _report(
+    args: argparse.Namespace,
+    machine: Machine,
+    mode: str,
+    duration: float,
+    figures: list[Figure],
+    errors: list[str],
+    plot_line: str | None,
+) -> None:
+    """The table on stdout, the results file, and with ``--update-readme`` the README's table."""
     print(report.header(machine, mode))
     print()
     print(report.text_table(figures))
@@ -170,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(RESULTS, machine, mode, duration, figures, errors)
     print(f"total {duration:.1f} s; results in {RESULTS.relative_to(BENCH_DIR.parent)}")
     if args.update_readme:
+        from bench import peers
+
         image = peers.PLOT_LINK if plot_line and plot_line.startswith("plot: wrote") else None
         source = str(PUBLISHED.relative_to(BENCH_DIR.parent))
         block = report.markdown(machine, mode, figures, image=image, source=source)
         report.write_json(PUBLISHED, machine, mode, duration, figures, errors)
         print(report.update_readme(README, block) + f"; its figures in {source}")
-    return 1 if errors else 0

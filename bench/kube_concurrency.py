@@ -14,8 +14,7 @@ def measure(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[Figure]:
     """20 x ``kube_rounds`` concurrent ssh on a 2-node Kubernetes-backend cluster (API emulator)."""
     section = "peers: ssh concurrency, kubernetes"
     try:
-        from kube_emulator import Emulator
-        from kube_emulator.images import READY_IMAGE  # the default image has no sshd there
+        import kube_emulator.images  # noqa: F401 - the emulator and its image with sshd, which _rounds uses
     except Exception as exc:  # noqa: BLE001 - any import problem means "not measured"
         return [
             Figure(
@@ -26,9 +25,17 @@ def measure(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[Figure]:
                 note=f"kube_emulator not importable: {type(exc).__name__}: {exc}",
             )
         ]
-    import pytest_sky
-
     k = 20
+    mux, raw = _rounds(plan, namer, k)
+    return _figures(section, plan, k, mux, raw, local)
+
+
+def _rounds(plan: PeerPlan, namer: Namer, k: int) -> tuple[Rounds, Rounds]:
+    """The rounds on a 2-node cluster of a 3-node emulator: multiplexed, then raw, in turn."""
+    import pytest_sky
+    from kube_emulator import Emulator
+    from kube_emulator.images import READY_IMAGE  # the default image has no sshd there
+
     mux, raw = Rounds(), Rounds()
     progress(f"peers kube: emulator with 3 nodes, 2-node cluster, {plan.kube_rounds} rounds of {k} ssh, twice")
     with Emulator(nodes=3) as emu:
@@ -45,6 +52,11 @@ def measure(plan: PeerPlan, namer: Namer, local: list[Figure]) -> list[Figure]:
                 raw.run(ssh_argv(c, "echo hi", raw=True), k)
         finally:
             c.down()
+    return mux, raw
+
+
+def _figures(section: str, plan: PeerPlan, k: int, mux: Rounds, raw: Rounds, local: list[Figure]) -> list[Figure]:
+    """Each way's count, round time and p95, against the local backend's from the same run."""
     by_name = {f.name: f for f in local if f.section == "ssh concurrency"}
     figures = []
     for rounds, how in ((mux, "via the ssh config (multiplexed)"), (raw, "raw handshakes")):

@@ -258,11 +258,23 @@ def _ours_up_down(n: int, name: str) -> tuple[float, float, float]:
     return t1 - t0, t3 - t2, t3 - t0
 
 
+@dataclass
+class _Bringup:
+    """What the peers' bring-up section measures, by N."""
+
+    ours_up: Series = field(default_factory=Series)
+    ours_down: Series = field(default_factory=Series)
+    ours_total: Series = field(default_factory=Series)
+    ray_up: Series = field(default_factory=Series)
+    ray_down: Series = field(default_factory=Series)
+    torch_total: Series = field(default_factory=Series)
+    #: Once Ray misses its budget at some N, larger N are not attempted.
+    ray_gave_up: bool = False
+
+
 def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Series]]:
-    ours_up, ours_down, ours_total = Series(), Series(), Series()
-    ray_up, ray_down, torch_total = Series(), Series(), Series()
+    got = _Bringup()
     ray_missing = missing("ray")
-    ray_gave_up = False  # once Ray misses its budget at some N, larger N are not attempted
     _ours_up_down(2, namer("pwarm"))
     if not ray_missing:
         progress("peers bring-up: Ray warm-up (first import, first session)")
@@ -276,78 +288,81 @@ def bringup(plan: PeerPlan, namer: Namer) -> tuple[list[Figure], dict[str, Serie
             progress(f"peers bring-up: N={n} rep {rep + 1}")
             if rep < plan.ours_reps:
                 up, down, total = _ours_up_down(n, namer(f"p{n}"))
-                ours_up.add(n, up)
-                ours_down.add(n, down)
-                ours_total.add(n, total)
-            if rep >= peer_reps:
-                continue
-            if ray_missing:
-                ray_up.notes[n] = f"Ray not installed ({INSTALL_HINT})"
-            elif ray_gave_up:
-                ray_up.notes[n] = f"not attempted: Ray missed the {plan.ray_budget:.0f} s budget at a smaller N"
-            else:
-                try:
-                    r = ray_trial(n, plan.ray_budget)
-                except PeerError as exc:
-                    ray_up.notes[n] = f"Ray trial failed: {exc}"
-                    ray_gave_up = exc.timed_out
-                else:
-                    ray_down.add(n, r["down"])
-                    if r["capped"] or r["up"] is None:
-                        ray_gave_up = True
-                        ray_up.notes[n] = (
-                            f"Ray stopped at the {plan.ray_budget:.0f} s budget with {r['added']} of {n} nodes "
-                            f"added after {r['elapsed_when_capped']:.1f} s (shutdown {r['down']:.1f} s)"
-                        )
-                    else:
-                        ray_up.add(n, r["up"])
-            try:
-                t = child(["torchmp", str(n)], timeout=120 + 10 * n)
-                torch_total.add(n, t["seconds"])
-            except PeerError as exc:
-                torch_total.notes[n] = f"torch mp spawn failed: {exc}"
+                got.ours_up.add(n, up)
+                got.ours_down.add(n, down)
+                got.ours_total.add(n, total)
+            if rep < peer_reps:
+                _ray_rep(n, plan, got, ray_missing)
+                _torch_rep(n, got)
+    series = {"pytest-sky (launch -> ready)": got.ours_up, "Ray Cluster": got.ray_up}
+    return _bringup_figures(plan, got), {**series, "torch mp spawn+join": got.torch_total}
+
+
+def _ray_rep(n: int, plan: PeerPlan, got: _Bringup, ray_missing: bool) -> None:
+    """One Ray test cluster of ``n`` nodes, up and down, or the note that says why not."""
+    if ray_missing:
+        got.ray_up.notes[n] = f"Ray not installed ({INSTALL_HINT})"
+        return
+    if got.ray_gave_up:
+        got.ray_up.notes[n] = f"not attempted: Ray missed the {plan.ray_budget:.0f} s budget at a smaller N"
+        return
+    try:
+        r = ray_trial(n, plan.ray_budget)
+    except PeerError as exc:
+        got.ray_up.notes[n] = f"Ray trial failed: {exc}"
+        got.ray_gave_up = exc.timed_out
+        return
+    got.ray_down.add(n, r["down"])
+    if r["capped"] or r["up"] is None:
+        got.ray_gave_up = True
+        got.ray_up.notes[n] = (
+            f"Ray stopped at the {plan.ray_budget:.0f} s budget with {r['added']} of {n} nodes "
+            f"added after {r['elapsed_when_capped']:.1f} s (shutdown {r['down']:.1f} s)"
+        )
+    else:
+        got.ray_up.add(n, r["up"])
+
+
+def _torch_rep(n: int, got: _Bringup) -> None:
+    """torch's multiprocessing spawn and join of ``n`` processes, each importing torch."""
+    try:
+        t = child(["torchmp", str(n)], timeout=120 + 10 * n)
+        got.torch_total.add(n, t["seconds"])
+    except PeerError as exc:
+        got.torch_total.notes[n] = f"torch mp spawn failed: {exc}"
+
+
+def _bringup_figures(plan: PeerPlan, got: _Bringup) -> list[Figure]:
     figures = []
     section = "peers: bring-up"
     for n in plan.sizes:
-        figures.append(
-            Figure(
-                section=section,
-                name=f"ready, {n} nodes",
-                unit="s",
-                value=ours_up.med(n),
-                baseline=ray_up.med(n),
-                baseline_name=f"Ray Cluster, {n} nodes to wait_for_nodes",
-                samples=ours_up.samples.get(n, []),
-                baseline_samples=ray_up.samples.get(n, []),
-                note=ray_up.notes.get(n, ""),
-            )
+        ray_note = got.ray_up.notes.get(n, "")
+        rows = (
+            ("ready", got.ours_up, got.ray_up, f"Ray Cluster, {n} nodes to wait_for_nodes", ray_note),
+            ("teardown", got.ours_down, got.ray_down, f"Ray Cluster.shutdown(), {n} nodes", ""),
+            (
+                "launch + import torch on every node + down",
+                got.ours_total,
+                got.torch_total,
+                f"torch mp spawn+join {n} procs",
+                got.torch_total.notes.get(n, "") or (TORCH_NOTE if n == plan.sizes[0] else ""),
+            ),
         )
-        figures.append(
-            Figure(
-                section=section,
-                name=f"teardown, {n} nodes",
-                unit="s",
-                value=ours_down.med(n),
-                baseline=ray_down.med(n),
-                baseline_name=f"Ray Cluster.shutdown(), {n} nodes",
-                samples=ours_down.samples.get(n, []),
-                baseline_samples=ray_down.samples.get(n, []),
+        for what, ours, peer, peer_name, note in rows:
+            figures.append(
+                Figure(
+                    section=section,
+                    name=f"{what}, {n} nodes",
+                    unit="s",
+                    value=ours.med(n),
+                    baseline=peer.med(n),
+                    baseline_name=peer_name,
+                    samples=ours.samples.get(n, []),
+                    baseline_samples=peer.samples.get(n, []),
+                    note=note,
+                )
             )
-        )
-        figures.append(
-            Figure(
-                section=section,
-                name=f"launch + import torch on every node + down, {n} nodes",
-                unit="s",
-                value=ours_total.med(n),
-                baseline=torch_total.med(n),
-                baseline_name=f"torch mp spawn+join {n} procs",
-                samples=ours_total.samples.get(n, []),
-                baseline_samples=torch_total.samples.get(n, []),
-                note=torch_total.notes.get(n, "") or (TORCH_NOTE if n == plan.sizes[0] else ""),
-            )
-        )
-    return figures, {"pytest-sky (launch -> ready)": ours_up, "Ray Cluster": ray_up, "torch mp spawn+join": torch_total}
+    return figures
 
 
 def plot(series: dict[str, Series], sizes: tuple[int, ...], machine: Machine, path: Path = PLOT) -> str:

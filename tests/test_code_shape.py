@@ -1,5 +1,5 @@
-"""No function in ``pytest_sky`` or ``kube_emulator`` is longer than 60 lines; no module of
-the repository's code (those two, the benchmark, the tests, the smoke suite, the examples) is
+"""No function in ``pytest_sky``, ``kube_emulator`` or ``bench`` is longer than 60 lines; no
+module of the repository's code (those three, the tests, the smoke suite, the examples) is
 over 600 and no class over 400.
 
 A function that does not fit on a screen usually does several things, and each should have
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS = [REPO / "pytest_sky", REPO / "kube_emulator"]  # the plugin, and the emulator its tests run on
+# The plugin, the emulator its tests run on, and the benchmark that measures them.
+ROOTS = [REPO / "pytest_sky", REPO / "kube_emulator", REPO / "bench"]
 LIMIT = 60
 
 
@@ -109,7 +110,7 @@ def test_the_limit_is_inclusive(tmp_path: Path, lines: int, flagged: bool) -> No
 MODULE_LIMIT = 600
 CLASS_LIMIT = 400
 #: Everything a newcomer reads, not only what ships: a 750-line benchmark module is as hard to hold.
-ROOM_ROOTS = [*ROOTS, REPO / "bench", REPO / "tests", REPO / "smoke", REPO / "examples"]
+ROOM_ROOTS = [*ROOTS, REPO / "tests", REPO / "smoke", REPO / "examples"]
 
 
 def big_rooms(root: Path) -> list[str]:
