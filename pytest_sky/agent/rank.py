@@ -143,14 +143,20 @@ def move_into_own_cgroup() -> bool:
     try:
         with open("/proc/self/cgroup") as f:
             own = next(line[3:].strip() for line in f if line.startswith("0::"))
-        fd = os.open(f"{cgroup_root()}{own.rstrip('/')}/cgroup.procs", os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
+        write_cgroup_file(f"{cgroup_root()}{own.rstrip('/')}/cgroup.procs", str(os.getpid()))
     except (OSError, StopIteration):
         return False
     return True
+
+
+def write_cgroup_file(path: str, text: str) -> None:
+    """One write to a cgroup's control file (``cgroup.procs``, ``cgroup.kill``): the kernel
+    acts on each write whole, so no buffering and no truncation."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def head_cgroup() -> str:

@@ -33,7 +33,7 @@ import socket
 import time
 
 from pytest_sky import procs, shell
-from pytest_sky.agent.rank import PID_MARK, remove_cgroup
+from pytest_sky.agent.rank import PID_MARK, remove_cgroup, write_cgroup_file
 from pytest_sky.protocol import EXIT_MARK
 
 #: How long a stopped job has to end after SIGTERM (the bash supervisor's 50 ticks).
@@ -110,7 +110,7 @@ class Supervised:
             raise
         if self.cgroup:
             try:
-                _write(f"{self.cgroup}/cgroup.procs", str(self.pid))
+                write_cgroup_file(f"{self.cgroup}/cgroup.procs", str(self.pid))
             except OSError:  # the cgroup is gone: the job's token tells its processes
                 self.cgroup = ""
 
@@ -209,7 +209,7 @@ class Supervised:
         """``sig`` to every process of the job, each once."""
         if sig == signal.SIGKILL and self.cgroup:
             try:
-                _write(f"{self.cgroup}/cgroup.kill", "1")
+                write_cgroup_file(f"{self.cgroup}/cgroup.kill", "1")
                 return
             except OSError:
                 pass
@@ -223,11 +223,3 @@ class Supervised:
                 os.killpg(self.pid, sig)
             except OSError:
                 pass
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
