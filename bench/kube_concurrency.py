@@ -99,11 +99,11 @@ def _figures(section: str, plan: PeerPlan, k: int, mux: Rounds, raw: Rounds, loc
 
 
 KUBE_NOTE = (
-    "both sides multiplex over one master to the head, opened at launch (Kubernetes: its ProxyCommand, kube_dial, "
-    "carries it over a stream of the cluster's forwarder; local: a direct TCP connection)"
+    "both sides multiplex over one master to the head, opened at launch (Kubernetes: over a stream of the cluster's "
+    "forwarder, which its ProxyCommand, kube_dial, handed to ssh; local: a direct TCP connection)"
 )
 KUBE_RAW_NOTE = (
     "every connection a full handshake: on Kubernetes each starts its own ProxyCommand (kube_dial, standard library "
-    "only), which gets a new port-forward stream from the cluster's forwarder (20 concurrent streams through the "
-    "API server a round); on local a direct TCP connection"
+    "only), which gets a new port-forward stream from the cluster's forwarder, hands its socket to ssh and exits "
+    "(20 concurrent streams through the API server a round); on local a direct TCP connection"
 )

@@ -375,7 +375,7 @@ def write_client_files(
                 port=r.port,
                 user=r.user,
                 proxy_command=r.proxy_command,
-                proxy_fdpass=r.door is not None,
+                proxy_fdpass=r.proxy_passes_socket,
                 proxy_jump=r.proxy_jump,
                 host_key_alias=n.hostname,
             )

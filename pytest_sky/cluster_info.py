@@ -48,6 +48,12 @@ class SshRoute:
     #: ProxyCommand does the same and passes the socket to ssh (``ProxyUseFdpass``).
     door: str | None = None
 
+    @property
+    def proxy_passes_socket(self) -> bool:
+        """Whether the ProxyCommand hands ssh a connected socket and exits (``ProxyUseFdpass``):
+        a rootless door's dialler and a Kubernetes forwarder's (``ssh.kube_dial``) do."""
+        return self.proxy_command is not None and (self.door is not None or self.dial_socket is not None)
+
     @classmethod
     def from_dict(cls, data: Mapping) -> SshRoute:
         forward = data.get("port_forward")

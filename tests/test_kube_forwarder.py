@@ -10,6 +10,8 @@ self-contained proxy).
 from __future__ import annotations
 
 import os
+import select
+import shlex
 import stat
 import subprocess
 import sys
@@ -50,12 +52,14 @@ def forwarder_of(name: str) -> kube_forwarder.Handle:
 
 
 def processes_running(module: str, cluster: str) -> list[int]:
-    """Pids whose command line runs ``module`` (``-m`` or the module's file) for ``cluster``'s
-    pods: other tests (xdist workers) have clusters of their own on this machine."""
+    """Pids whose command line runs ``module`` (``-m``, the module's file, or ``-c`` code that
+    imports it) for ``cluster``'s pods: other tests (xdist workers) have clusters of their own
+    on this machine."""
     found = []
     for pid in procs.pids():
         argv = procs.cmdline(pid) or []
-        runs = module in argv or any(a.endswith(module.replace(".", "/") + ".py") for a in argv)
+        name = module.rsplit(".", 1)[-1]
+        runs = module in argv or any(a.endswith(f"/{name}.py") or f"import {name}" in a for a in argv)
         if runs and any(cluster in a for a in argv):
             found.append(pid)
     return found
@@ -77,26 +81,70 @@ def ssh(c: pytest_sky.Cluster, *args: str, env: dict[str, str] | None = None) ->
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
+def held_session(c: pytest_sky.Cluster, *args: str) -> subprocess.Popen[str]:
+    """An ssh session to the head that stays open until killed, once it is open."""
+    held = subprocess.Popen(
+        ["ssh", "-F", c.ssh_config, *args, c.name, "echo up; exec sleep 60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert held.stdout is not None and held.stdout.readline() == "up\n", held.stderr
+    return held
+
+
+def end(held: subprocess.Popen[str]) -> None:
+    if held.poll() is None:
+        held.kill()
+    held.wait()
+
+
+def wait_gone(pid: int, timeout: float = 30.0) -> bool:
+    """Whether process ``pid`` (not ours to reap) has ended within ``timeout``: its pidfd
+    becomes readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)
+
+
 def test_no_connection_starts_a_process_that_loads_the_kubernetes_client(home: Path, emu: Emulator):
     """The shared master's ProxyCommand, raw connections and a handle in another process:
     none of them starts ``kube_proxy`` (most of a CPU second each)."""
     with launch(emu, "fwd-lean") as c:
         assert processes_running("pytest_sky.ssh.kube_proxy", c.name) == []
-        assert len(processes_running("pytest_sky.ssh.kube_dial", c.name)) == 1  # the ControlMaster's relay
         for args in ([], RAW):
             proc = ssh(c, *args)
             assert proc.stdout.strip() == "fwd-lean-head", proc.stderr
         assert processes_running("pytest_sky.ssh.kube_proxy", c.name) == []
 
 
-# Opens the head's port-forward as the forwarder does, reads sshd's banner through it, and says
+def test_an_open_connection_holds_its_stream_itself(home: Path, emu: Emulator):
+    """The dialler hands ssh the stream's socket and exits (``ProxyUseFdpass``): no process
+    per connection relays its bytes while it is open, the shared master's included."""
+    with launch(emu, "fwd-fdpass") as c:
+        for args in ([], RAW):
+            held = held_session(c, *args)
+            try:
+                assert processes_running("pytest_sky.ssh.kube_dial", c.name) == []
+                assert processes_running("pytest_sky.ssh.kube_proxy", c.name) == []
+            finally:
+                end(held)
+
+
+# Opens the head's port-forward as the forwarder does, sees sshd's banner through it, and says
 # whether the core API's class was loaded for it.
 _OPEN_FORWARD = """
 import dataclasses, json, sys
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.ssh import kube_proxy
 forward = kube_proxy.Forward(PortForward(**json.loads(sys.argv[1])))
-banner = kube_proxy.expect_banner(forward.socket, 10, "head")
+banner = kube_proxy.peek_banner(forward.socket, 10, "head")
 print(banner[:4].decode(), "kubernetes.client.api.core_v1_api" in sys.modules)
 """
 
@@ -146,26 +194,25 @@ def test_without_its_forwarder_a_connection_falls_back_to_the_proxy(home: Path, 
         assert not os.path.exists(handle.socket)
         proc = ssh(c, *RAW)
         assert proc.stdout.strip() == "fwd-gone-head", proc.stderr
+        # The fallback proxy relays an open session and ends with it: nothing is left behind.
+        held = held_session(c, *RAW)
+        try:
+            (proxy,) = processes_running("pytest_sky.ssh.kube_proxy", c.name)
+        finally:
+            end(held)
+        assert wait_gone(proxy), f"the fallback proxy {proxy} outlived its ssh"
         run = subprocess.run([SCRIPT, "exec", c.name, "hostname"], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0 and "fwd-gone-head" in run.stdout, run.stdout + run.stderr  # opened in-process
 
 
 def test_a_dropped_stream_leaves_the_forwarder_serving(home: Path, emu: Emulator):
     with launch(emu, "fwd-drop") as c:
-        held = subprocess.Popen(
-            ["ssh", "-F", c.ssh_config, *RAW, c.name, "echo up; exec sleep 60"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        held = held_session(c, *RAW)
         try:
-            assert held.stdout is not None and held.stdout.readline() == "up\n"
             emu.set_faults(drop_portforwards=True)
             assert held.wait(timeout=30) != 0  # that connection's stream is gone, and ssh says so
         finally:
-            if held.poll() is None:
-                held.kill()
-            held.wait()
+            end(held)
         proc = ssh(c, *RAW)
         assert proc.stdout.strip() == "fwd-drop-head", proc.stderr
 
@@ -173,9 +220,8 @@ def test_a_dropped_stream_leaves_the_forwarder_serving(home: Path, emu: Emulator
 def test_a_pod_that_is_not_there_is_one_line_from_the_dialler(home: Path, emu: Emulator):
     with launch(emu, "fwd-nopod") as c:
         handle = forwarder_of(c.name)
-        dial = Path(kube_dial.__file__)
-        argv = [sys.executable, "-I", "-S", str(dial), "--socket", handle.socket, "--namespace", "default"]
-        proc = subprocess.run([*argv, "--pod", "fwd-nopod-nothere"], capture_output=True, text=True, timeout=60)
+        argv = shlex.split(kube_dial.command(handle.socket, ["--namespace", "default", "--pod", "fwd-nopod-nothere"]))
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 255 and proc.stdout == ""
     (line,) = proc.stderr.splitlines()
     assert line.startswith("pytest-sky proxy: cannot reach default/fwd-nopod-nothere:22: "), line

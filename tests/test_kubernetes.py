@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,8 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import Emulator, images
 
-# A port-forward closed with bytes unread kills the kubernetes client's relay thread in the
-# launching process with a traceback on the user's terminal (kube_dial's SIGHUP handling).
+# A port-forward that ends badly (closed with bytes unread, reset) must not kill the kubernetes
+# client's relay thread in the launching process with a traceback on the user's terminal.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
@@ -109,31 +110,36 @@ def test_pods_run_tasks_and_answer_ssh(home: Path, emu: Emulator):
     assert ours(emu, "k8s-basic") == []
 
 
-def proxies_for(pod: str) -> list[int]:
-    """The pids of ProxyCommand processes (``kube_dial``, or the ``kube_proxy`` it falls
-    back to) reaching ``pod``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        proxy = b"pytest_sky.ssh.kube_proxy" in argv or any(a.endswith(b"/kube_dial.py") for a in argv)
-        if proxy and pod.encode() in argv:
-            found.append(int(entry.name))
-    return found
+# An ``ssh`` ahead of the real one on PATH that writes down its arguments first.
+_SSH_SHIM = """#!{python} -IS
+import os, sys
+with open({log!r}, "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
 
 
-def test_the_clients_own_connection_starts_no_proxy_process(home: Path, emu: Emulator):
-    """Runs go over a port-forward the client opens in its own process.  Only the shared
-    connection that ssh configs use (ControlMaster, opened at launch) has a proxy."""
+def test_the_clients_own_connection_starts_no_ssh(home: Path, emu: Emulator, tmp_path: Path, monkeypatch):
+    """Runs go over a port-forward stream the client opens in its own process: a run starts
+    no ssh, and so no ProxyCommand (a process per connection)."""
+    log, shim = tmp_path / "ssh.log", tmp_path / "bin" / "ssh"
+    shim.parent.mkdir()
+    shim.write_text(_SSH_SHIM.format(python=sys.executable, log=str(log), real=shutil.which("ssh")))
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+
+    def runs_of_ssh() -> list[str]:  # the launch's shared master and its exit are the launch's own
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line for line in lines if "ControlMaster=yes" not in line and "-O exit" not in line]
+
     with launch(emu, "k8s-noproxy") as c:
-        assert c.run("true").returncode == 0  # the launch's handle has its connection open
-        before = proxies_for("k8s-noproxy-head")
-        assert len(before) == 1, before  # the ControlMaster's
+        assert c.run("true").returncode == 0
         again = pytest_sky.get_cluster("k8s-noproxy")  # a new handle: a new connection
         assert again.run("hostname").ranks[0].stdout.strip() == "k8s-noproxy-head"
-        assert proxies_for("k8s-noproxy-head") == before
+        assert runs_of_ssh() == []
+        # The shim does see an ssh run as users run it.
+        subprocess.run(["ssh", "-F", c.ssh_config, c.name, "true"], check=True, timeout=60)
+        assert len(runs_of_ssh()) == 1
 
 
 def test_spread_over_nodes_when_they_fit(home: Path, emu: Emulator):

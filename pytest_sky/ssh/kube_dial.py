@@ -1,19 +1,23 @@
 """The ProxyCommand of a Kubernetes cluster's ssh config: a pod's sshd, through the cluster's
 forwarder (``kube_forwarder``), in milliseconds (DESIGN.md section 6, "Reaching the head").
 
-``python -I -S kube_dial.py --socket PATH --namespace NS --pod POD [--port N] [--kubeconfig K]
-[--context C]``
+``python -I -S -c <import this module> --socket PATH --namespace NS --pod POD [--port N]
+[--kubeconfig K] [--context C]``, under ``ProxyUseFdpass yes`` (:func:`command`).
 
 A proxy that loads the kubernetes client costs most of a CPU second, and twenty of them at
-once saturate two cores.  This one imports the standard library only and runs without the
-site packages (``-I -S``: about 30 ms), asks the forwarder, which holds the API server
-configuration, for a new port-forward stream to the pod, and gets back the stream's socket
-(passed over the unix socket, ``SCM_RIGHTS``) with the pod's SSH banner already read through
-it: ready by construction.  Then it only relays stdin and stdout.
+once saturate two cores.  This one asks the forwarder, which holds the API server
+configuration, for a new port-forward stream to the pod, gets back the stream's socket
+(passed over the unix socket, ``SCM_RIGHTS``) once the pod's SSH banner has come through it
+(ready by construction; the banner stays unread for ssh), hands that socket to ssh the same
+way and exits: nothing relays the session's bytes but the forwarder.  It imports nothing but
+``os``, ``sys`` and ``_socket`` and runs without the site packages (``-I -S``): ``socket``
+alone would cost it 12 ms (its enums), as much as the interpreter's start; ``-c`` imports the
+module, so its bytecode is cached where a script's would be compiled on every connection.
 
 Where no forwarder answers (it died, or the cluster was launched by an older pytest-sky), it
-becomes the self-contained proxy, ``python -m pytest_sky.ssh.kube_proxy`` with the same
-arguments: slower, never broken.
+hands ssh one end of a socket pair and leaves the self-contained proxy, ``python -m
+pytest_sky.ssh.kube_proxy`` with the same arguments, relaying the other end: slower, never
+broken.
 
 The request and the reply are the protocol both sides import from here: plain classes and one
 text line each, because ``dataclasses`` alone would cost this process 29 ms, and ``json`` and
@@ -22,19 +26,19 @@ text line each, because ``dataclasses`` alone would cost this process 29 ms, and
 
 from __future__ import annotations
 
+import _socket
 import os
-import select
-import signal
-import socket
 import sys
 
 TYPE_CHECKING = False  # typing itself costs milliseconds here
 if TYPE_CHECKING:
     import argparse
+    import socket
 
-#: How long the forwarder may take to open the stream and read the banner before giving up.
+#: How long the forwarder may take to open the stream and see the banner before giving up.
 BANNER_TIMEOUT = 30.0
 _MAX_LINE = 65536
+_FD_BYTES = 4  # a descriptor in SCM_RIGHTS is a C int
 
 
 class DialRequest:
@@ -59,37 +63,38 @@ class DialRequest:
 
 
 class DialReply:
-    """The forwarder's answer: the banner the pod's sshd sent through the new stream (whose
-    socket comes with this message), or why there is no stream.
+    """The forwarder's answer: the stream is ready (its socket comes with this message, the
+    pod's banner unread in it), or why there is none.
 
-    On the wire, one line: ``OK <the banner's bytes in hex>`` or ``ERR <one line>``."""
+    On the wire, one line: ``OK`` or ``ERR <one line>``."""
 
-    __slots__ = ("banner", "error")
+    __slots__ = ("error",)
 
-    def __init__(self, banner: bytes = b"", error: str | None = None) -> None:
-        self.banner = banner
+    def __init__(self, error: str | None = None) -> None:
         self.error = error
 
     def encode(self) -> bytes:
         if self.error is not None:
             return b"ERR " + " ".join(self.error.split()).encode() + b"\n"
-        return b"OK " + self.banner.hex().encode() + b"\n"
+        return b"OK\n"
 
     @classmethod
     def decode(cls, line: bytes) -> DialReply:
         status, _, rest = line.strip().partition(b" ")
         if status == b"OK":
-            return cls(banner=bytes.fromhex(rest.decode()))
+            return cls()
         return cls(error=rest.decode(errors="replace") or "the forwarder gave no reason")
 
 
-def read_line(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
+def read_line(sock: _socket.socket, timeout: float) -> tuple[bytes, list[int]]:
     """One newline-ended message from ``sock`` and any descriptors that came with it."""
     sock.settimeout(timeout)
     data, fds = b"", []
     while not data.endswith(b"\n"):
-        chunk, got, _, _ = socket.recv_fds(sock, _MAX_LINE, 1)
-        fds += got
+        chunk, ancillary, _, _ = sock.recvmsg(_MAX_LINE, _socket.CMSG_SPACE(_FD_BYTES))
+        for level, kind, payload in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds.append(int.from_bytes(payload[:_FD_BYTES], sys.byteorder))
         if not chunk:
             raise ConnectionError("the other side closed before its message ended")
         data += chunk
@@ -98,30 +103,9 @@ def read_line(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
     return data, fds
 
 
-def relay(sock: socket.socket, first: bytes = b"") -> int:
-    """``first``, then stdin -> ``sock`` and ``sock`` -> stdout until the remote side closes."""
-    out, inp = sys.stdout.fileno(), sys.stdin.fileno()
-    while first:
-        first = first[os.write(out, first) :]
-    watch: list = [inp, sock]
-    while True:
-        ready, _, _ = select.select(watch, [], [])
-        if inp in ready:
-            data = os.read(inp, 65536)
-            if data:
-                sock.sendall(data)
-            else:
-                try:
-                    sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                watch.remove(inp)
-        if sock in ready:
-            data = sock.recv(65536)
-            if not data:
-                return 0
-            while data:
-                data = data[os.write(out, data) :]
+def send_fd(sock: _socket.socket, message: bytes, fd: int) -> None:
+    """``message`` with a copy of ``fd`` alongside (``SCM_RIGHTS``)."""
+    sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd.to_bytes(_FD_BYTES, sys.byteorder))])
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -151,34 +135,66 @@ def route_args(namespace: str, pod: str, port: int, kubeconfig: str | None, cont
 
 
 def command(socket_path: str, args: list[str]) -> str:
-    """The ProxyCommand line: this file under the running interpreter, isolated and without
-    site packages (nothing to import but the standard library)."""
+    """The ProxyCommand line (for ``ProxyUseFdpass yes``): this module under the running
+    interpreter, isolated and without site packages (nothing to import but the standard
+    library), imported from its directory so that its bytecode is cached."""
     import shlex
 
-    return shlex.join([sys.executable, "-I", "-S", os.path.abspath(__file__), "--socket", socket_path, *args])
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.append({here!r}); import kube_dial; sys.exit(kube_dial.main())"
+    return shlex.join([sys.executable, "-I", "-S", "-c", code, "--socket", socket_path, *args])
 
 
-def fallback(args: list[str]) -> None:
-    """Become the self-contained proxy (replaces this process; the environment is kept, so a
-    ``PYTHONPATH`` that made the package importable still does)."""
-    argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", *args]
-    os.execv(sys.executable, argv)
+def fallback(args: list[str]) -> int:
+    """No forwarder answers: hand ssh one end of a socket pair, with the self-contained proxy
+    on the other end in a session of its own (ssh waits for its ProxyCommand to exit before it
+    uses the socket; the proxy ends when ssh closes its end).  The environment is kept, so a
+    ``PYTHONPATH`` that made the package importable still does."""
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            os.setsid()
+            os.dup2(theirs.fileno(), 0)
+            os.dup2(theirs.fileno(), 1)
+            os.execv(sys.executable, [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", *args])
+        finally:
+            os._exit(255)
+    theirs.close()
+    return hand_to_ssh(ours.fileno())
 
 
-def dial(socket_path: str, request: DialRequest) -> tuple[socket.socket | None, DialReply]:
-    """Ask the forwarder for a stream: its socket (None where the forwarder refused, with why)
-    and the reply.  Raises ``OSError`` where no forwarder listens."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+def hand_to_ssh(fd: int) -> int:
+    """Pass ``fd`` to ssh over this process's stdout, as ``ProxyUseFdpass`` expects."""
+    try:
+        out = _socket.socket(fileno=os.dup(1))
+        try:
+            send_fd(out, b"\0", fd)
+        finally:
+            out.close()
+    except OSError as exc:
+        sys.stderr.write(f"pytest-sky proxy: ssh must run this with ProxyUseFdpass yes ({exc.strerror or exc})\n")
+        return 255
+    return 0
+
+
+def dial(socket_path: str, request: DialRequest) -> tuple[int | None, DialReply]:
+    """Ask the forwarder for a stream: its descriptor (None where the forwarder refused, with
+    why) and the reply.  Raises ``OSError`` where no forwarder listens."""
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         conn.connect(socket_path)
         conn.sendall(request.encode())
         line, fds = read_line(conn, BANNER_TIMEOUT + 5)
+    finally:
+        conn.close()
     reply = DialReply.decode(line)
-    if not fds:
-        return None, reply if reply.error else DialReply(error="the forwarder sent no stream")
-    stream = socket.socket(fileno=fds[0])
     for extra in fds[1:]:
         os.close(extra)
-    return stream, reply
+    if not fds:
+        return None, reply if reply.error else DialReply(error="the forwarder sent no stream")
+    return fds[0], reply
 
 
 def _options(argv: list[str]) -> dict[str, str]:
@@ -210,84 +226,49 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stream, reply = dial(opts["socket"], DialRequest(namespace, pod, port))
     except (FileNotFoundError, ConnectionRefusedError):
-        fallback(args)  # no forwarder here: the proxy that needs none
-        return 255
+        return fallback(args)  # no forwarder here: the proxy that needs none
     except OSError as exc:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {where}: the cluster's forwarder: {exc}\n")
         return 255
     if stream is None:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {where}: {reply.error}\n")
         return 255
-    # ssh ends its ProxyCommand with SIGHUP (a master told to exit, a client done): leave
-    # through close_gently, so that the forwarder's side sees an end of stream, not a reset.
-    for sig in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, _leave)
     try:
-        return relay(stream, reply.banner)
-    except OSError as exc:
-        sys.stderr.write(f"pytest-sky proxy: port-forward to {pod} dropped: {exc}\n")
-        return 255
-    except _Ended:
-        return 0
+        return hand_to_ssh(stream)
     finally:
-        close_gently(stream)
-
-
-class _BannerFirst:
-    """A dialled stream read from its first byte: the pod's banner, which the forwarder read to
-    know the stream was ready, comes back first."""
-
-    def __init__(self, stream: socket.socket, banner: bytes) -> None:
-        self._stream = stream
-        self._first = banner
-
-    def recv(self, size: int) -> bytes:
-        if self._first:
-            out, self._first = self._first[:size], self._first[size:]
-            return out
-        return self._stream.recv(size)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._stream, name)
+        os.close(stream)  # ssh's copy is the stream's now
 
 
 class Dialled:
     """A stream the forwarder opened for a client in this process (the CLI's or the plugin's
     connection to the head), as ``kube_proxy.Forward`` is one opened here: its ``socket``
-    carries the connection, :meth:`close` ends it."""
+    carries the connection, the pod's banner first, :meth:`close` ends it."""
 
-    def __init__(self, stream: socket.socket, banner: bytes) -> None:
-        self._stream = stream
-        self.socket = _BannerFirst(stream, banner)
+    def __init__(self, stream: socket.socket) -> None:
+        self.socket = stream
 
     def close(self) -> None:
-        close_gently(self._stream)
+        close_gently(self.socket)
 
 
 def open_stream(socket_path: str, request: DialRequest) -> Dialled:
     """A stream to the pod ``request`` names, from the forwarder at ``socket_path``.  Raises
     ``OSError`` where no forwarder listens, ``ConnectionError`` (with its reason) where it
     refused."""
+    import socket
+
     stream, reply = dial(socket_path, request)
     if stream is None:
         raise ConnectionError(reply.error)
-    return Dialled(stream, reply.banner)
+    return Dialled(socket.socket(fileno=stream))
 
 
-class _Ended(Exception):
-    """The dialler was told to stop (SIGHUP, SIGTERM)."""
-
-
-def _leave(signum: int, frame: object) -> None:
-    raise _Ended
-
-
-def close_gently(sock: socket.socket) -> None:
+def close_gently(sock: _socket.socket) -> None:
     """Close so that the far end's relay sees an end of stream, not a reset: say "no more from
     us", read what is still in flight for a moment, then close (closing with unread bytes
     resets the connection, and the relay thread on the other side dies with a traceback)."""
     try:
-        sock.shutdown(socket.SHUT_WR)
+        sock.shutdown(_socket.SHUT_WR)
         sock.settimeout(2.0)
         while sock.recv(65536):
             pass
@@ -298,6 +279,4 @@ def close_gently(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.exit(code)
+    sys.exit(main())

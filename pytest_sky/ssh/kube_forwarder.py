@@ -131,19 +131,19 @@ class Forwarder:
                     conn.sendall(kube_dial.DialReply(error=kube_proxy.describe_refusal(exc)).encode())
 
     def _open(self, conn: socket.socket, request: kube_dial.DialRequest) -> None:
-        """Open the stream, read the banner through it, and hand the stream over."""
+        """Open the stream, see the banner come through it, and hand the stream over."""
         if request.namespace != self.route.namespace:
             raise ValueError(f"this forwarder serves namespace {self.route.namespace}, not {request.namespace}")
         route = dataclasses.replace(self.route, pod=request.pod, port=request.port)
         forward = kube_proxy.Forward(route, self._cfg)
         try:
-            banner = kube_proxy.expect_banner(forward.socket, kube_dial.BANNER_TIMEOUT, f"{route.pod}:{route.port}")
+            kube_proxy.peek_banner(forward.socket, kube_dial.BANNER_TIMEOUT, f"{route.pod}:{route.port}")
         except BaseException:
             forward.close()
             raise
         fd = forward.hand_over()
         try:
-            socket.send_fds(conn, [kube_dial.DialReply(banner=banner).encode()], [fd])
+            kube_dial.send_fd(conn, kube_dial.DialReply().encode(), fd)
         finally:
             os.close(fd)  # the dialler's copy is the stream's now
 

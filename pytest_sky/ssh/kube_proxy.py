@@ -30,9 +30,9 @@ import os
 import re
 import select
 import shlex
+import socket
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -223,40 +223,52 @@ def open_forward(cfg: Any, namespace: str, pod: str, port: int = 22) -> Any:
         raise ApiException(status=0, reason=str(exc)) from exc
 
 
-def read_line(sock: Any, timeout: float) -> bytes:
-    data = b""
-    deadline = time.monotonic() + timeout
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no SSH banner through the port-forward")
-        ready, _, _ = select.select([sock], [], [], left)
-        if not ready:
-            continue
-        chunk = sock.recv(1)
-        if not chunk:
-            raise ConnectionError("the port-forward closed before the SSH banner")
-        data += chunk
-        if len(data) > 1024:
-            break
-    return data
-
-
 def read_banner(cfg: Any, namespace: str, pod: str, port: int = 22, timeout: float = BANNER_TIMEOUT) -> bytes:
-    """Open a forward, read the banner, close it: the readiness probe of a pod's sshd."""
+    """Open a forward, see the banner, close it: the readiness probe of a pod's sshd."""
     pf = open_forward(cfg, namespace, pod, port)
     try:
-        return expect_banner(pf.socket(port), timeout, f"{pod}:{port}")
+        return peek_banner(pf.socket(port), timeout, f"{pod}:{port}")
     finally:
         pf.close()
 
 
-def expect_banner(sock: Any, timeout: float, where: str) -> bytes:
-    """The stream's first line, which must be an SSH banner (readiness: sshd answered)."""
-    banner = read_line(sock, timeout)
-    if not banner.startswith(b"SSH-"):
-        raise ConnectionError(f"{where} did not answer with an SSH banner: {banner[:60]!r}")
-    return banner
+def peek_banner(sock: Any, timeout: float, where: str) -> bytes:
+    """The first bytes through the stream, which must begin an SSH banner (readiness: sshd
+    answered), left unread: whoever gets the stream next (ssh, paramiko, a relay) reads the
+    banner itself.  Whatever part of it has arrived will do: it is the answer that counts."""
+    ready, _, _ = select.select([sock], [], [], timeout)
+    if not ready:
+        raise TimeoutError("no SSH banner through the port-forward")
+    first = sock.recv(64, socket.MSG_PEEK)
+    if not first:
+        raise ConnectionError("the port-forward closed before the SSH banner")
+    if not first.startswith(b"SSH-"[: len(first)]):
+        raise ConnectionError(f"{where} did not answer with an SSH banner: {first[:60]!r}")
+    return first
+
+
+def relay(sock: Any) -> int:
+    """stdin -> ``sock`` and ``sock`` -> stdout until the remote side closes."""
+    out, inp = sys.stdout.fileno(), sys.stdin.fileno()
+    watch: list = [inp, sock]
+    while True:
+        ready, _, _ = select.select(watch, [], [])
+        if inp in ready:
+            data = os.read(inp, 65536)
+            if data:
+                sock.sendall(data)
+            else:
+                try:
+                    sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                watch.remove(inp)
+        if sock in ready:
+            data = sock.recv(65536)
+            if not data:
+                return 0
+            while data:
+                data = data[os.write(out, data) :]
 
 
 class Forward:
@@ -355,13 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     route = PortForward(args.namespace, args.pod, args.port, args.kubeconfig, args.context)
     try:
         forward = Forward(route)
-        banner = expect_banner(forward.socket, BANNER_TIMEOUT, f"{args.pod}:{args.port}")
+        peek_banner(forward.socket, BANNER_TIMEOUT, f"{args.pod}:{args.port}")
     except Exception as exc:  # noqa: BLE001 - ssh shows our stderr: one line, then exit 255 like ssh
         reason = describe_refusal(exc)
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
         return 255
     try:
-        return kube_dial.relay(forward.socket, banner)
+        return relay(forward.socket)
     except (OSError, ValueError) as exc:
         error = forward.error()
         sys.stderr.write(f"pytest-sky proxy: port-forward to {args.pod} dropped: {error or exc}\n")
