@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import select
 import shlex
+import socket
 import stat
 import subprocess
 import sys
@@ -161,6 +162,34 @@ def test_a_port_forward_opens_without_the_core_api_class(home: Path, emu: Emulat
         argv = [sys.executable, "-c", _OPEN_FORWARD, json.dumps(dataclasses.asdict(route))]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         assert proc.stdout.split() == ["SSH-", "False"], proc.stdout + proc.stderr
+
+
+def test_an_ssh_config_of_an_older_pytest_sky_still_connects(home: Path, emu: Emulator):
+    """A cluster kept across an upgrade keeps its ssh config, whose ProxyCommand ran without
+    ``ProxyUseFdpass``: then the dialler relays the session itself, with or without the
+    forwarder."""
+    older = [*RAW, "-o", "ProxyUseFdpass=no"]  # ssh takes the first value it is given
+    with launch(emu, "fwd-older") as c:
+        proc = ssh(c, *older)
+        assert proc.stdout.strip() == "fwd-older-head", proc.stderr
+        kube_forwarder.stop(forwarder_of(c.name))
+        proc = ssh(c, *older)
+        assert proc.stdout.strip() == "fwd-older-head", proc.stderr
+
+
+def test_a_banner_an_older_forwarder_read_comes_first():
+    """A kept cluster's forwarder of an older pytest-sky reads the pod's banner and sends it
+    in its reply: an in-process client still reads the stream from the banner on."""
+    reply = kube_dial.DialReply.decode(b"OK " + b"SSH-2.0-x\r\n".hex().encode() + b"\n")
+    assert reply.error is None and reply.banner == b"SSH-2.0-x\r\n"
+    assert kube_dial.DialReply.decode(kube_dial.DialReply().encode()).banner == b""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        dialled = kube_dial.Dialled(ours, reply.banner)
+        theirs.sendall(b"rest")
+        assert dialled.socket.recv(4) + dialled.socket.recv(64) + dialled.socket.recv(64) == b"SSH-2.0-x\r\nrest"
+        theirs.shutdown(socket.SHUT_WR)
+        dialled.close()
 
 
 def test_twenty_raw_connections_at_once_all_get_through(home: Path, emu: Emulator):

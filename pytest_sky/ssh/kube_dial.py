@@ -17,7 +17,9 @@ module, so its bytecode is cached where a script's would be compiled on every co
 Where no forwarder answers (it died, or the cluster was launched by an older pytest-sky), it
 hands ssh one end of a socket pair and leaves the self-contained proxy, ``python -m
 pytest_sky.ssh.kube_proxy`` with the same arguments, relaying the other end: slower, never
-broken.
+broken.  A cluster kept across an upgrade keeps what an older pytest-sky made: an ssh config
+without ``ProxyUseFdpass`` (ssh gives pipes, not a socket) or a forwarder that read the banner
+itself; then this process relays the session, as it always did before.
 
 The request and the reply are the protocol both sides import from here: plain classes and one
 text line each, because ``dataclasses`` alone would cost this process 29 ms, and ``json`` and
@@ -66,12 +68,15 @@ class DialReply:
     """The forwarder's answer: the stream is ready (its socket comes with this message, the
     pod's banner unread in it), or why there is none.
 
-    On the wire, one line: ``OK`` or ``ERR <one line>``."""
+    On the wire, one line: ``OK`` or ``ERR <one line>``.  A forwarder of an older pytest-sky
+    (a kept cluster's, still running) read the banner itself and sends ``OK <its bytes in
+    hex>``: whoever uses the stream must then be given them first (``banner``)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("banner", "error")
 
-    def __init__(self, error: str | None = None) -> None:
+    def __init__(self, error: str | None = None, banner: bytes = b"") -> None:
         self.error = error
+        self.banner = banner
 
     def encode(self) -> bytes:
         if self.error is not None:
@@ -82,7 +87,7 @@ class DialReply:
     def decode(cls, line: bytes) -> DialReply:
         status, _, rest = line.strip().partition(b" ")
         if status == b"OK":
-            return cls()
+            return cls(banner=bytes.fromhex(rest.decode()))
         return cls(error=rest.decode(errors="replace") or "the forwarder gave no reason")
 
 
@@ -150,6 +155,9 @@ def fallback(args: list[str]) -> int:
     on the other end in a session of its own (ssh waits for its ProxyCommand to exit before it
     uses the socket; the proxy ends when ssh closes its end).  The environment is kept, so a
     ``PYTHONPATH`` that made the package importable still does."""
+    argv = [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", *args]
+    if not _ssh_takes_a_socket():
+        os.execv(sys.executable, argv)  # the proxy relays this process's stdin and stdout itself
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
@@ -158,11 +166,17 @@ def fallback(args: list[str]) -> int:
             os.setsid()
             os.dup2(theirs.fileno(), 0)
             os.dup2(theirs.fileno(), 1)
-            os.execv(sys.executable, [sys.executable, "-m", "pytest_sky.ssh.kube_proxy", *args])
+            os.execv(sys.executable, argv)
         finally:
             os._exit(255)
     theirs.close()
     return hand_to_ssh(ours.fileno())
+
+
+def _ssh_takes_a_socket() -> bool:
+    """Whether ssh runs this with ``ProxyUseFdpass yes`` (its stdout is then a unix socket);
+    an ssh config written by an older pytest-sky gives pipes, and this process relays."""
+    return (os.fstat(1).st_mode & 0o170000) == 0o140000  # S_ISSOCK, without importing stat
 
 
 def hand_to_ssh(fd: int) -> int:
@@ -174,9 +188,66 @@ def hand_to_ssh(fd: int) -> int:
         finally:
             out.close()
     except OSError as exc:
-        sys.stderr.write(f"pytest-sky proxy: ssh must run this with ProxyUseFdpass yes ({exc.strerror or exc})\n")
+        sys.stderr.write(f"pytest-sky proxy: cannot hand the connection to ssh: {exc.strerror or exc}\n")
         return 255
     return 0
+
+
+def relay(sock: _socket.socket, first: bytes = b"") -> int:
+    """``first``, then stdin -> ``sock`` and ``sock`` -> stdout until the remote side closes:
+    the way to carry a session where ssh passes no socket."""
+    import select
+
+    out, inp = sys.stdout.fileno(), sys.stdin.fileno()
+    while first:
+        first = first[os.write(out, first) :]
+    watch: list = [inp, sock]
+    while True:
+        ready, _, _ = select.select(watch, [], [])
+        if inp in ready:
+            data = os.read(inp, 65536)
+            if data:
+                sock.sendall(data)
+            else:
+                try:
+                    sock.shutdown(_socket.SHUT_WR)
+                except OSError:
+                    pass
+                watch.remove(inp)
+        if sock in ready:
+            data = sock.recv(65536)
+            if not data:
+                return 0
+            while data:
+                data = data[os.write(out, data) :]
+
+
+def _relay_until_told(stream: int, first: bytes) -> int:
+    """Relay the stream, and leave through :func:`close_gently` when ssh says to stop (it
+    ends a ProxyCommand that relays with SIGHUP), so that the forwarder's side sees an end of
+    stream, not a reset."""
+    import signal
+
+    sock = _socket.socket(fileno=stream)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _leave)
+    try:
+        return relay(sock, first)
+    except _Ended:
+        return 0
+    except OSError as exc:
+        sys.stderr.write(f"pytest-sky proxy: port-forward dropped: {exc}\n")
+        return 255
+    finally:
+        close_gently(sock)
+
+
+class _Ended(Exception):
+    """The dialler was told to stop (SIGHUP, SIGTERM)."""
+
+
+def _leave(signum: int, frame: object) -> None:
+    raise _Ended
 
 
 def dial(socket_path: str, request: DialRequest) -> tuple[int | None, DialReply]:
@@ -233,22 +304,42 @@ def main(argv: list[str] | None = None) -> int:
     if stream is None:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {where}: {reply.error}\n")
         return 255
+    if reply.banner or not _ssh_takes_a_socket():  # an older forwarder or ssh config
+        return _relay_until_told(stream, reply.banner)
     try:
         return hand_to_ssh(stream)
     finally:
         os.close(stream)  # ssh's copy is the stream's now
 
 
+class _BannerFirst:
+    """A stream whose banner an older forwarder read already: those bytes come back first."""
+
+    def __init__(self, stream: socket.socket, banner: bytes) -> None:
+        self._stream = stream
+        self._first = banner
+
+    def recv(self, size: int) -> bytes:
+        if self._first:
+            out, self._first = self._first[:size], self._first[size:]
+            return out
+        return self._stream.recv(size)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
 class Dialled:
     """A stream the forwarder opened for a client in this process (the CLI's or the plugin's
     connection to the head), as ``kube_proxy.Forward`` is one opened here: its ``socket``
-    carries the connection, the pod's banner first, :meth:`close` ends it."""
+    carries the connection from the pod's banner on, :meth:`close` ends it."""
 
-    def __init__(self, stream: socket.socket) -> None:
-        self.socket = stream
+    def __init__(self, stream: socket.socket, banner: bytes = b"") -> None:
+        self._stream = stream
+        self.socket = _BannerFirst(stream, banner) if banner else stream
 
     def close(self) -> None:
-        close_gently(self.socket)
+        close_gently(self._stream)
 
 
 def open_stream(socket_path: str, request: DialRequest) -> Dialled:
@@ -260,7 +351,7 @@ def open_stream(socket_path: str, request: DialRequest) -> Dialled:
     stream, reply = dial(socket_path, request)
     if stream is None:
         raise ConnectionError(reply.error)
-    return Dialled(socket.socket(fileno=stream))
+    return Dialled(socket.socket(fileno=stream), reply.banner)
 
 
 def close_gently(sock: _socket.socket) -> None:

@@ -247,30 +247,6 @@ def peek_banner(sock: Any, timeout: float, where: str) -> bytes:
     return first
 
 
-def relay(sock: Any) -> int:
-    """stdin -> ``sock`` and ``sock`` -> stdout until the remote side closes."""
-    out, inp = sys.stdout.fileno(), sys.stdin.fileno()
-    watch: list = [inp, sock]
-    while True:
-        ready, _, _ = select.select(watch, [], [])
-        if inp in ready:
-            data = os.read(inp, 65536)
-            if data:
-                sock.sendall(data)
-            else:
-                try:
-                    sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                watch.remove(inp)
-        if sock in ready:
-            data = sock.recv(65536)
-            if not data:
-                return 0
-            while data:
-                data = data[os.write(out, data) :]
-
-
 class Forward:
     """An open port-forward to a pod's port, whose socket carries the connection; the
     client's thread that relays it to the API server's websocket ends with :meth:`close`."""
@@ -373,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
         return 255
     try:
-        return relay(forward.socket)
+        return kube_dial.relay(forward.socket)
     except (OSError, ValueError) as exc:
         error = forward.error()
         sys.stderr.write(f"pytest-sky proxy: port-forward to {args.pod} dropped: {error or exc}\n")
