@@ -56,10 +56,9 @@ def processes_running(module: str, cluster: str) -> list[int]:
     """Pids whose command line runs ``module`` (``-m``, the module's file, or ``-c`` code that
     imports it) for ``cluster``'s pods: other tests (xdist workers) have clusters of their own
     on this machine."""
-    found = []
+    found, name = [], module.rsplit(".", 1)[-1]
     for pid in procs.pids():
         argv = procs.cmdline(pid) or []
-        name = module.rsplit(".", 1)[-1]
         runs = module in argv or any(a.endswith(f"/{name}.py") or f"import {name}" in a for a in argv)
         if runs and any(cluster in a for a in argv):
             found.append(pid)

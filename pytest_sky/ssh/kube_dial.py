@@ -292,12 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pytest-sky proxy: {exc}\n")
         return 2
     namespace, pod = opts["namespace"], opts["pod"]
-    args = route_args(namespace, pod, port, opts.get("kubeconfig"), opts.get("context"))
     where = f"{namespace}/{pod}:{port}"
     try:
         stream, reply = dial(opts["socket"], DialRequest(namespace, pod, port))
-    except (FileNotFoundError, ConnectionRefusedError):
-        return fallback(args)  # no forwarder here: the proxy that needs none
+    except (FileNotFoundError, ConnectionRefusedError):  # no forwarder here: the proxy that needs none
+        return fallback(route_args(namespace, pod, port, opts.get("kubeconfig"), opts.get("context")))
     except OSError as exc:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {where}: the cluster's forwarder: {exc}\n")
         return 255
