@@ -15,8 +15,8 @@ nodes and return a ``cluster_info.ClusterInfo``.
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, locks, protocol, cluster_info, console, shell, registry, interrupts: leaves (registry imports
-   only errors)
+0. errors, naming, procs, locks, protocol, masking, cluster_info, console, shell, registry, interrupts: leaves
+   (registry imports only errors, masking only protocol)
 1. resources, task_file, task, script_files, gpus, settings, state: what the user asks for, and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,
    ssh.kube_proxy, ssh.kube_forwarder

@@ -5,8 +5,9 @@ cluster, ``DIR/<test id>/`` before teardown:
 
 - ``<cluster>/job-<id>/rank-<r>-<node>.log``: each rank's own lines, setup included;
 - ``<cluster>/job-<id>/merged.log`` (the prefixed log as the terminal shows it),
-  ``spec.json`` (what was run, where, with which environment) and ``events.jsonl`` (the
-  head's record of the job: the run spec first, then every event);
+  ``spec.json`` (what was run, where, with which environment: a secret's value as ``***``)
+  and ``events.jsonl`` (the head's record of the job: the run spec first, then every event),
+  every secret masked (``pytest_sky.masking``);
 - ``<cluster>/provision.log``: the launch's account;
 - ``<cluster>/nodes/``: what the backend knows beyond the runs (Kubernetes: each pod's
   events and container log);
@@ -173,7 +174,7 @@ def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: l
         (jdir / "events.jsonl").write_bytes(events)
         first = decode_event(events.split(b"\n", 1)[0]) if events.strip() else None
         if isinstance(first, SpecEvent):
-            (jdir / "spec.json").write_text(json.dumps(first.spec.to_wire(), indent=2) + "\n", encoding="utf-8")
+            (jdir / "spec.json").write_text(json.dumps(first.spec.to_record(), indent=2) + "\n", encoding="utf-8")
     return JobSummary(result.job_id, result.returncode, result.error, round(result.seconds, 3), tuple(ranks))
 
 

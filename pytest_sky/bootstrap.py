@@ -48,6 +48,7 @@ AGENT_MODULES = (
     "agent.server",
     "agent.supervisor",
     "locks",
+    "masking",
     "naming",
     "procs",
     "protocol",

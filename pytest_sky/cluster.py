@@ -340,11 +340,12 @@ class Cluster:
 
     def _spec(self, task: Task, env: dict[str, str] | None) -> RunSpec:
         info = self.info
-        envs = dict(info.env)  # the backend's, for every rank; the task's and env= win
-        envs.setdefault("PYTHONUNBUFFERED", "1")
-        envs.update(task.envs)
-        envs.update(task.secrets)
-        envs.update(validate_envs(env))
+        given = validate_envs(env)
+        # The secrets travel apart, to be masked and kept out of every record; the agent
+        # exports them after the envs (env= wins over both).
+        secrets = {k: v for k, v in task.secrets.items() if k not in given}
+        merged = {"PYTHONUNBUFFERED": "1", **info.env, **task.envs, **given}  # the backend's for every rank
+        envs = {k: v for k, v in merged.items() if k not in secrets}
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
         nodes = [NodeRef(n.rank, n.name, n.ip, ssh_target=n.ip, env=dict(n.env)) for n in info.nodes[: task.num_nodes]]
         return RunSpec(
@@ -361,6 +362,7 @@ class Cluster:
             node_cpus=self._record.resources.cpus,
             gpu_share=task.resources.accelerators.count if task.resources.accelerators else 0.0,
             node_gpus=self._record.resources.gpus_per_node,
+            secrets=secrets,
         )
 
     def _gpus_per_node(self, task: Task) -> int:

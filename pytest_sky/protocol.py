@@ -122,7 +122,8 @@ def record(cls: type[R]) -> type[R]:
     cls.__init__ = __init__  # type: ignore[misc]
     cls.__eq__ = __eq__  # type: ignore[method-assign,assignment]
     cls.__hash__ = None  # type: ignore[assignment]
-    cls.__repr__ = __repr__  # type: ignore[method-assign,assignment]
+    if "__repr__" not in cls.__dict__:  # a record's own (RunSpec's hides its secrets)
+        cls.__repr__ = __repr__  # type: ignore[method-assign,assignment]
     cls.as_dict = lambda self: dict(self.__dict__)  # type: ignore[attr-defined]
     cls.fields = names  # type: ignore[attr-defined]
     return cls
@@ -184,6 +185,10 @@ class NodeRef:
     env: dict[str, str] = field(default_factory=dict)
 
 
+#: What stands in place of a secret's value: in a record (``spec.json``), a repr, and where a
+#: rank printed it (``masking``).
+SECRET_SHOWN = "***"
+
 #: The CPUs a job holds on each of its nodes unless its task asks for more: SkyPilot's default,
 #: by which 16 jobs run at once on an 8-CPU node (``agent.queue``).
 DEFAULT_JOB_CPUS = 0.5
@@ -206,15 +211,30 @@ class RunSpec:
     node_cpus: float | None = None  # what each node has for jobs (the launch's cpus); None: no count
     gpu_share: float = 0.0  # the GPUs the job holds on each node (0.5: half of one, as sky's V100:0.5)
     node_gpus: int = 0  # each node's GPUs, which jobs share by their gpu_share
+    #: The task's secrets: exported on every rank after ``env``, masked in what the ranks print
+    #: (``masking``), and never written down: :meth:`to_record` keeps their names only.
+    secrets: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:
         return len(self.nodes)
 
     def to_wire(self) -> dict:
+        """What the client sends the agent: everything, secrets included."""
         wire = self.as_dict()  # type: ignore[attr-defined]
         wire["nodes"] = [n.as_dict() for n in self.nodes]
         return wire
+
+    def to_record(self) -> dict:
+        """What is kept of it (the job's ``spec.json``, replayed by ``agent events``): each
+        secret's value is the mask."""
+        wire = self.to_wire()
+        wire["secrets"] = {name: SECRET_SHOWN for name in self.secrets}
+        return wire
+
+    def __repr__(self) -> str:
+        shown = dict(self.__dict__, secrets={name: SECRET_SHOWN for name in self.secrets})
+        return f"RunSpec({', '.join(f'{k}={shown[k]!r}' for k in self.fields)})"  # type: ignore[attr-defined]
 
     @classmethod
     def from_wire(cls, wire: dict) -> RunSpec:
@@ -484,7 +504,7 @@ class SpecEvent(Event):
     spec: RunSpec
 
     def encode(self) -> bytes:
-        return self.encode_raw(to_json(self.spec.to_wire()).encode())
+        return self.encode_raw(to_json(self.spec.to_record()).encode())
 
     @staticmethod
     def encode_raw(spec_json: bytes) -> bytes:

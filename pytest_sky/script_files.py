@@ -1,8 +1,9 @@
 """Long task scripts travel to the nodes as files, not on a command line.
 
-A rank's program reaches bash as one argument (the rank supervisor's, ssh's command line),
-and Linux caps one argument at 128 KiB (``MAX_ARG_STRLEN``): a longer ``run`` or ``setup``
-(SkyPilot's smoke tests run a 5.5 MB one) would fail with "Argument list too long".  Such a
+A rank's program reaches bash as one environment variable (``shell.PROGRAM_VAR``; never a
+command line, which every user may read), and Linux caps one at 128 KiB (``MAX_ARG_STRLEN``):
+a longer ``run`` or ``setup`` (SkyPilot's smoke tests run a 5.5 MB one) would fail with
+"Argument list too long".  Such a
 script goes with the task's files (``Cluster._sync``: one tarball to the head, fanned out to
 every worker) as ``~/.sky/scripts/<sha256>.sh``, and the program sources it: the same shell,
 the same environment, and bash's errors name the script's own line numbers.

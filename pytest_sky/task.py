@@ -373,9 +373,19 @@ class Task:
 
     @property
     def notes(self) -> list[str]:
-        """What the task asks for that has no effect here: one line each, printed at a run."""
+        """What the task asks for that has no effect here, and the secrets too short to be
+        masked in its output: one line each, printed at a run."""
+        from pytest_sky.masking import MIN_MASKED, too_short
+
         inert = [*(["config"] if self.config else []), *(f"resources.{k}" for k in self.resources.inert)]
-        return [f"task {self.display_name!r}: {key} has no effect on a pytest-sky cluster" for key in inert]
+        notes = [f"task {self.display_name!r}: {key} has no effect on a pytest-sky cluster" for key in inert]
+        short = ", ".join(f"secrets.{name}" for name in too_short(self.secrets))
+        if short:
+            notes.append(
+                f"task {self.display_name!r}: {short}: a value (or a line of one) shorter than "
+                f"{MIN_MASKED} characters is not masked in output"
+            )
+        return notes
 
     def to_dict(self) -> dict[str, object]:
         """The task as a YAML-shaped dict that :meth:`from_yaml_str` reads back equal."""

@@ -3,7 +3,8 @@
 # only what is missing. Run it once as root (the Debian packages); an ordinary user then runs
 # it too, without sudo, for a virtualenv of their own (the local backend runs rootless for them).
 #   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
-#     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py)
+#     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py),
+#     tcpdump (tests/test_secrets.py reads what crosses a cluster's bridge)
 #   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
 #     NeMo (the [nemo] extra: the smoke suite trains a NeMo model across nodes on CPU)
 set -euo pipefail
@@ -15,7 +16,7 @@ say() { printf 'setup: %s\n' "$*"; }
 declare -A NEED=(
   [sshd]=openssh-server [ssh]=openssh-client [ip]=iproute2 [unshare]=util-linux
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables [sudo]=sudo
-  [shellcheck]=shellcheck
+  [shellcheck]=shellcheck [tcpdump]=tcpdump
 )
 missing=()
 for tool in "${!NEED[@]}"; do

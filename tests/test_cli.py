@@ -291,12 +291,15 @@ def test_env_env_file_and_secret_options_reach_the_task(home: Path, tmp_path: Pa
             "PSKY_FROM_SHELL",
             "--secret",
             "TOKEN=t0ps3cret",
+            "--secret",
+            "PSKY_SHELL_SECRET",  # the safe form: the value from this shell, in no command line
             "--",
-            'echo "$FROM_FILE $BOTH $PSKY_FROM_SHELL ${#TOKEN}"',
+            'echo "$FROM_FILE $BOTH $PSKY_FROM_SHELL ${#TOKEN} $TOKEN $PSKY_SHELL_SECRET"',
             check_rc=0,
+            env={"PSKY_SHELL_SECRET": "sh3ll-s3cret"},
         )
-        assert ") file option shell 9\nJob finished (status: SUCCEEDED).\n" in res.stdout, res.stdout
-        assert "t0ps3cret" not in res.stdout + res.stderr
+        assert ") file option shell 9 *** ***\nJob finished (status: SUCCEEDED).\n" in res.stdout, res.stdout
+        assert "t0ps3cret" not in res.stdout + res.stderr and "sh3ll-s3cret" not in res.stdout + res.stderr
         missing = sky(home, "exec", name, "--env", "PSKY_NOT_SET_ANYWHERE", "--", "true", check_rc=2)
         assert missing.stderr.strip() == (
             "pytest-sky: error: --env PSKY_NOT_SET_ANYWHERE: PSKY_NOT_SET_ANYWHERE is not set in this shell; "

@@ -170,11 +170,12 @@ def test_a_rank_told_to_stop_before_it_even_waits_is_stopped():
     within the grace, not run to its end.  (Run here on this host, as on any machine.)"""
     import subprocess
 
-    from pytest_sky.agent.rank import RANK_SUPERVISOR
+    from pytest_sky.agent.rank import RANK_SUPERVISOR, program_env
 
     start = time.monotonic()
     proc = subprocess.run(
-        ["/bin/bash", "-c", RANK_SUPERVISOR, "psky-rank", "echo up; sleep 60"],
+        ["/bin/bash", "-c", RANK_SUPERVISOR, "psky-rank"],
+        env=program_env("echo up; sleep 60"),
         stdin=subprocess.DEVNULL,  # the lifeline is closed from the start
         capture_output=True,
         text=True,

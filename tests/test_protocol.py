@@ -102,10 +102,22 @@ def test_the_spec_carries_only_what_the_agent_reads() -> None:
         "node_cpus",
         "gpu_share",
         "node_gpus",
+        "secrets",  # to the agent only: see the next test
     }
     # A spec.json with keys this side does not know (an older agent's) still reads.
     wire = {**spec().to_wire(), "python": "python3", "agent_path": "~/.sky/agent.py", "num_nodes": 2}
     assert RunSpec.from_wire(wire) == spec()
+
+
+def test_a_secret_reaches_the_agent_and_no_record_or_repr() -> None:
+    canary = "canary-" + "x" * 20
+    with_secret = RunSpec.from_wire({**spec().to_wire(), "secrets": {"TOKEN": canary}})
+    assert protocol.decode_spec(encode_spec(with_secret)).secrets == {"TOKEN": canary}
+    kept = protocol.to_json(with_secret.to_record())
+    assert canary not in kept and json.loads(kept)["secrets"] == {"TOKEN": "***"}
+    assert canary not in protocol.SpecEvent(with_secret).encode().decode()
+    assert canary not in repr(with_secret) and "TOKEN" in repr(with_secret)
+    assert repr(spec()).startswith("RunSpec(cluster='dev', task_name='train', nodes=[NodeRef(rank=0")
 
 
 def test_a_cut_spec_is_an_error() -> None:

@@ -66,6 +66,7 @@ SPELLED = {
         shell.JOB_SCOPE_VAR,
         shell.JOB_SCOPE_PREFIX,
         shell.CGROUP_PREFIX,  # its own $0 is RANK_ARGV0, given by the agent's command line
+        shell.PROGRAM_VAR,
     },
     shell.LEFTOVER_CHECK: {
         shell.JOB_SCOPE_VAR,
@@ -94,6 +95,11 @@ def test_a_script_spells_its_markers_as_python_names_them(name: str) -> None:
     unknown = found - set(shell.MARKERS)
     assert not unknown, f"{name} spells markers that pytest_sky.shell does not name: {sorted(unknown)}"
     assert found == SPELLED[name]
+
+
+def test_the_rank_supervisor_runs_its_program_as_the_agent_server_does() -> None:
+    """Both start a rank's bash with the same words: the program from the environment."""
+    assert shell.RUN_PROGRAM in shell.script(shell.RANK_SUPERVISOR)
 
 
 def test_the_checker_sees_a_misspelt_marker() -> None:

@@ -9,12 +9,17 @@ against the checks of its smoke test of these semantics, written here as our own
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import pytest_sky
 from pytest_sky import Resources, Task
+
+PYTEST_SKY = str(Path(sys.executable).with_name("pytest-sky"))
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +100,56 @@ def test_bashrc_comes_first_and_the_jobs_variables_over_it(gpu_cluster):
     assert [r.stdout.strip() for r in res.ranks] == ["0 seen", "1 seen"]
 
 
-def test_secrets_reach_every_rank_and_inert_keys_are_noted(gpu_cluster, capfd: pytest.CaptureFixture[str]):
+def test_secrets_reach_every_rank_masked_and_inert_keys_are_noted(gpu_cluster, capfd: pytest.CaptureFixture[str]):
+    """A secret's value reaches every rank and is masked where the rank prints it; one too
+    short to mask (``PIN``) is printed as is, and the run says so in one line."""
     task = Task.from_yaml_str(
-        "num_nodes: 2\nsecrets: {API_KEY: s3cr3t-value}\nresources: {use_spot: true, ports: 8080}\n"
-        'run: echo "${#API_KEY} ${API_KEY:0:3}"\n'
+        "num_nodes: 2\nsecrets: {API_KEY: s3cr3t-value, PIN: 42}\nresources: {use_spot: true, ports: 8080}\n"
+        'run: echo "${#API_KEY} ${API_KEY:0:3} $API_KEY $PIN"\n'
     )
     res = gpu_cluster.run(task)
-    assert [r.stdout for r in res.ranks] == ["12 s3c\n"] * 2, res.output
+    assert [r.stdout for r in res.ranks] == ["12 s3c *** 42\n"] * 2, res.output
     err = capfd.readouterr().err
     assert "s3cr3t-value" not in err + res.output
     assert [line for line in err.splitlines() if "note:" in line] == [
         "pytest-sky: note: task 'task': resources.ports has no effect on a pytest-sky cluster",
         "pytest-sky: note: task 'task': resources.use_spot has no effect on a pytest-sky cluster",
+        "pytest-sky: note: task 'task': secrets.PIN: a value (or a line of one) shorter than 4 characters "
+        "is not masked in output",
     ]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([PYTEST_SKY, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, f"pytest-sky {' '.join(args)}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_skypilots_cancel_reliability_sequence_counts_three_processes(home: Path, tmp_path: Path):
+    """SkyPilot's ``test_cancel_job_reliability`` (its smoke tests, ``test_basic.py``): a
+    detached ``sleep 10000`` job, then ``ssh <cluster> "ps aux | grep 'sleep 10000'"`` must
+    print 3 lines (the sleep, the grep, the shell ssh runs them in), then ``cancel`` ends it.
+    A rank's program travels in no command line (DESIGN.md section 4), so the supervisor
+    and the rank's own bash do not match; before, they did, and the count was 6.  SkyPilot
+    repeats it 9 times; 3 here."""
+    name = f"conf-ps-{os.getpid() % 10000}"
+    task = tmp_path / "sleep.yaml"
+    task.write_text("run: sleep 10000\n")
+    _cli("launch", "-c", name, "--num-nodes", "2", "--", "echo hi")  # job 1, as sky launch's
+    try:
+        ssh = ["ssh", "-F", str(home / "clusters" / name / "ssh_config"), name, "ps aux | grep 'sleep 10000'"]
+
+        def lines() -> list[str]:
+            return subprocess.run(ssh, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+
+        for job_id in range(2, 5):
+            out = _cli("exec", name, str(task), "-d").stdout
+            assert f"Job submitted, ID: {job_id}" in out, out
+            deadline = time.monotonic() + 30  # SkyPilot's own bound for the job to be running
+            while len(found := lines()) == 2 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the detached job starts its sleep in its own time
+            assert len(found) == 3, "\n".join(found)
+            _cli("cancel", "-y", name, str(job_id))
+            assert len(found := lines()) == 2, "\n".join(found)  # the grep and its shell only
+    finally:
+        subprocess.run([PYTEST_SKY, "down", "-y", name], capture_output=True, timeout=120, check=False)

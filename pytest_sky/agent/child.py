@@ -9,7 +9,7 @@ import signal
 class Child:
     """A spawned process with pipes, without the subprocess module (~25 ms to import)."""
 
-    def __init__(self, argv: list[str], *, capture_stderr: bool) -> None:
+    def __init__(self, argv: list[str], *, capture_stderr: bool, env: dict[str, str] | None = None) -> None:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe() if capture_stderr else (-1, -1)
@@ -17,7 +17,7 @@ class Child:
         if capture_stderr:
             actions.append((os.POSIX_SPAWN_DUP2, err_w, 2))
         # Pipes are close-on-exec (PEP 446): the child keeps only what dup2 put on 0, 1, 2.
-        self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+        self.pid = os.posix_spawnp(argv[0], argv, os.environ if env is None else env, file_actions=actions)
         for fd in (in_r, out_w, err_w):
             if fd >= 0:
                 os.close(fd)

@@ -3,8 +3,8 @@
 The head starts every rank of a phase at once (:class:`~pytest_sky.agent.rank.Rank`: its own
 locally, the workers' through their agent servers or over head-to-worker SSH), watches each
 from a thread of its own, and closes every other rank's lifeline when one fails or the job
-is cancelled.  Each rank's environment is SkyPilot's: its variables, then the task's envs,
-then the node's.
+is cancelled.  Each rank's environment is SkyPilot's: its variables, then the task's envs and
+secrets, then the node's.
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ def _setup_failed_line(job_id: int, failed: list[Rank]) -> str:
 
 
 def _rank_envs(spec: RunSpec, task_id: str):
-    """Each phase's environment of a rank: SkyPilot's variables, the task's envs, the node's."""
+    """Each phase's environment of a rank: SkyPilot's variables, the task's envs and secrets,
+    the node's."""
     ips = "\n".join(n.ip for n in spec.nodes)
     gpus = str(spec.gpus_per_node)
     base = dict(spec.env)
+    base.update(spec.secrets)
     base["SKYPILOT_TASK_ID"] = task_id
     base["SKYPILOT_CLUSTER_INFO"] = to_json(spec.cluster_info, ", ", ": ")
     base["SKYPILOT_NUM_NODES"] = str(spec.num_nodes)
@@ -92,9 +94,11 @@ def _run_phase(
     import threading
 
     from pytest_sky.agent.remote import secret
+    from pytest_sky.masking import masked_values
 
     door = secret()
-    ranks = [Rank(node, spec, phase, script, env_for(node), emitter, door) for node in spec.nodes]
+    masks = masked_values(spec.secrets)
+    ranks = [Rank(node, spec, phase, script, env_for(node), emitter, door, masks) for node in spec.nodes]
     first_failure: list[Rank] = []
     done = threading.Event()
     lock = threading.Lock()

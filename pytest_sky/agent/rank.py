@@ -7,8 +7,10 @@ own included when this run is a fork of the head's server; where there is no ser
 rank supervisor (``shell/rank_supervisor.sh``: a Python one started per rank would cost
 ~30 ms of interpreter start per node per run).  Either way the first line is the pid of the
 rank's process group (``shell.PID_MARK``); every line after it is the rank's output, which
-:class:`Rank` hands to the job's :class:`~pytest_sky.agent.records.Emitter` as it comes.
-Closing a rank's stdin (its lifeline) stops its whole tree.
+:class:`Rank` masks (the task's secrets: :mod:`~pytest_sky.masking`) and hands to the job's
+:class:`~pytest_sky.agent.records.Emitter` as it comes.  Closing a rank's stdin (its
+lifeline) stops its whole tree.  A rank's program is in no command line (DESIGN.md section
+4d): it reaches its bash in the environment, or over ssh on stdin.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pytest_sky import shell
 from pytest_sky.agent.child import Child
 from pytest_sky.agent.records import Emitter
+from pytest_sky.masking import mask
 from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import LineEvent, NodeRef, RunSpec, StartEvent
 
@@ -72,9 +75,19 @@ def rank_script(script: str, env: dict, cwd: str | None, *, phase: str = "run") 
     return "; ".join(steps) + "; " + script + "\n"
 
 
-def rank_argv(program: str, cgroup: str) -> list[str]:
-    """The head runs its own rank itself, in a cgroup it made (:func:`job_cgroup`) and removes."""
-    return ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, "", cgroup]
+def program_env(program: str) -> dict[str, str]:
+    """The environment that carries a rank's program to its bash (``shell.PROGRAM_VAR``): a
+    command line is every user's to read (``ps``), an environment its owner's only."""
+    env = dict(os.environ)
+    env[shell.PROGRAM_VAR] = program
+    return env
+
+
+def supervised_here(program: str, cgroup: str, *, capture_stderr: bool) -> Child:
+    """The rank under a bash supervisor on this node (the head's own rank, where no server runs
+    it), in a cgroup made here (:func:`job_cgroup`), which it removes; "" for one it makes."""
+    argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, "", cgroup]
+    return Child(argv, capture_stderr=capture_stderr, env=program_env(program))
 
 
 _CGROUP_ROOT: list[str] = []
@@ -165,15 +178,29 @@ def head_cgroup() -> str:
     return job_cgroup(f"{os.getpid()}-{next(_made)}")
 
 
-def worker_ssh_argv(node: NodeRef, program: str, *, start_server: str | None = None) -> list[str]:
+def over_ssh(node: NodeRef, program: str, *, start_server: str | None = None) -> Child:
+    """A worker's rank over head-to-worker SSH, its program first on ssh's stdin (sshd passes
+    no variable of ours; the supervisor reads it up to a NUL, which no program holds), so that
+    it is in no command line on either node.  Called in the rank's own thread: the write may
+    wait for ssh to connect."""
+    child = Child(worker_ssh_argv(node, start_server=start_server), capture_stderr=True)
+    try:
+        child.write_stdin(program.encode("utf-8", "surrogateescape") + b"\0")
+    except OSError:  # ssh is gone already: its own words on stderr say why
+        pass
+    return child
+
+
+def worker_ssh_argv(node: NodeRef, *, start_server: str | None = None) -> list[str]:
     """A worker's rank over head-to-worker SSH: the way when its node has no agent server
-    yet; ``start_server`` (the node's python) starts one there first, for the next run."""
+    yet, or when the run holds a secret (the agent servers talk plain TCP); ``start_server``
+    (the node's python) starts one there first, for the next run."""
     # The agent's own hops share one connection per worker (a user's ssh does not: a racing
     # master prints "ControlSocket ... already exists" into the task's output).  /run is
     # private to the node, so the socket path is short and dies with it.  A worker that
     # vanishes (its node killed, its link gone) fails the run in ~3 s, also when it vanishes
     # while the connection is still being made.
-    remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} {shell.RANK_ARGV0} {_sh_quote(program)}"
+    remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} {shell.RANK_ARGV0}"
     if start_server is not None:
         remote = f"{_sh_quote(start_server)} -I -S ~/.sky/{shell.AGENT_BUNDLE} serve </dev/null; {remote}"
     options = {
@@ -204,12 +231,15 @@ class Rank:
         env: dict,
         emitter: Emitter,
         door: bytes | None = None,
+        masks: list[str] | None = None,
     ) -> None:
         self.rank = node.rank
         self.node = node
         self.spec = spec
         self.phase = phase
         self.emitter = emitter
+        #: The secrets' values to mask in what the rank prints (``masking.masked_values``).
+        self.masks = masks or []
         self.pid = 0
         self.code: int | None = None
         self._events: list[Event] = []  # of the output read so far, not yet written
@@ -220,15 +250,24 @@ class Rank:
 
         if self.rank == 0 and remote.on_server:
             # This run is a fork of the head's server: the server runs the head's rank too,
-            # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes).
-            # Should it not answer, the rank's supervisor runs here (it makes its own cgroup).
-            self.proc: Child | Remote = remote.Remote(node, program, door, lambda: rank_argv(program, ""))
+            # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes),
+            # over the head's loopback.  Should it not answer, the rank's supervisor runs here
+            # (it makes its own cgroup).
+            self.proc: Child | Remote = remote.Remote(
+                node, program, door, lambda: supervised_here(program, "", capture_stderr=True)
+            )
         elif self.rank == 0:
             self.cgroup = head_cgroup()
-            self.proc = Child(rank_argv(program, self.cgroup), capture_stderr=False)
+            self.proc = supervised_here(program, self.cgroup, capture_stderr=False)
         else:
-            server = sys.executable if remote.on_server else None
-            self.proc = remote.Remote(node, program, door, lambda: worker_ssh_argv(node, program, start_server=server))
+            # A worker's server talks plain TCP over the cluster network: a run that holds a
+            # secret reaches the worker over ssh, program and output encrypted, and starts no
+            # server on its way (the next run without one will).
+            in_clear = not spec.secrets
+            server = sys.executable if remote.on_server and in_clear else None
+            self.proc = remote.Remote(
+                node, program, door if in_clear else None, lambda: over_ssh(node, program, start_server=server)
+            )
 
     def start(self, ended: Callable[[Rank], None]) -> None:
         """One thread per rank, which reads its output, waits for it, then calls ``ended``
@@ -296,6 +335,8 @@ class Rank:
 
     def _emit(self, raw: bytes, prefix: str) -> None:
         text = raw.decode("utf-8", "replace")
+        if self.masks:  # here, where the output is first read: every record of it is masked
+            text = mask(text, self.masks)
         self._events.append(LineEvent(self.rank, text))
         self._logged.append(prefix + text + "\n")
 
@@ -324,7 +365,7 @@ class Rank:
     def failure(self, phase: str) -> tuple[int, str]:
         """The run's exit code and the one line that says that this rank failed, and how."""
         code = self.code if self.code is not None else 1
-        said = self.proc.error.strip()
+        said = mask(self.proc.error, self.masks).strip()
         reason = said.splitlines()[-1] if said else "no output from ssh"
         if self.rank and self.code == 255 and not self.pid:
             return code, f"{phase} failed: {self.describe()} could not be reached from the head: {reason}"

@@ -4,7 +4,9 @@
 renamed into place: the agent and a ``wait`` that finds it dead may both write it),
 ``run.log`` the ranks' output with each line's prefix, ``events.jsonl`` what an attached
 client was sent, and ``spec.json`` the run spec: enough for ``logs`` and ``events`` to serve a
-job long after its agent is gone.  Ids count up under a lock, per node.
+job long after its agent is gone.  None holds a secret's value: the output is masked where
+it is read (``agent.rank``), and the spec keeps the secrets' names only.  Ids count up under a
+lock, per node.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def new_job(spec: RunSpec, detached: bool, pid: int | None = None) -> tuple[JobR
     passed over by the queue)."""
     job_id, task_id, job_dir = _allocate_job(os.path.expanduser("~"), spec.cluster)
     with open(os.path.join(job_dir, "spec.json"), "w") as f:
-        f.write(to_json(spec.to_wire()))
+        f.write(to_json(spec.to_record()))  # the secrets' names, not their values
     record = JobRecord(
         id=job_id,
         status=JobStatus.PENDING,

@@ -69,12 +69,13 @@ class Remote:
     :class:`~pytest_sky.agent.rank.Rank` drives it: the same calls as a local
     :class:`~pytest_sky.agent.rank.Child`, its output opened by the reader."""
 
-    def __init__(self, node: NodeRef, program: str, secret: bytes | None, fallback: Callable[[], list[str]]) -> None:
+    def __init__(self, node: NodeRef, program: str, secret: bytes | None, fallback: Callable[[], Child]) -> None:
         self.node = node
         self.program = program
+        #: The door's secret; None: the rank goes the fallback's way at once.
         self.secret = secret
-        #: The rank's command line where the node has no server to ask (over ssh, which starts
-        #: one): made only then, as most runs never need it.
+        #: Starts the rank where the node has no server to ask (over ssh, which starts one):
+        #: called only then, as most runs never need it.
         self.fallback = fallback
         #: The line that ends the rank's output when a server started it (None over ssh).
         self.exit_mark: bytes | None = None
@@ -101,10 +102,11 @@ class Remote:
             return sock.fileno()
         if self.error:
             return -1
+        child = self.fallback()  # outside the lock: it may wait to hand ssh the program
         with self._lock:
-            self.via_ssh = Child(self.fallback(), capture_stderr=True)
+            self.via_ssh = child
             if self._stopped:
-                self.via_ssh.close_stdin()
+                child.close_stdin()
         self._err_reader = threading.Thread(target=self._read_ssh_errors, args=(self.via_ssh.stderr,), daemon=True)
         self._err_reader.start()
         return self.via_ssh.stdout
@@ -143,7 +145,7 @@ class Remote:
                 sock.close()
                 return None  # not our server: ssh's way
             nonce = os.urandom(8).hex()
-            body = self.program.encode()
+            body = self.program.encode("utf-8", "surrogateescape")
             assert self.secret is not None
             sock.sendall(door_answer(self.secret, greeting, f"rank {nonce} {len(body)}") + body)
             sock.settimeout(None)

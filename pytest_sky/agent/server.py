@@ -15,9 +15,11 @@ is who may ssh to the node, gets any further.  Then one request:
 
 - ``run``: an attached run, exactly as ``agent.pyz run`` over an exec (the connection is its
   stdin and stdout, and its lifeline);
-- ``rank NONCE LENGTH``: a rank, LENGTH bytes of program following: the connection becomes
-  the rank's stdout and its lifeline, and the output ends with ``PSKY-EXIT NONCE <exit
-  code>`` (:data:`~pytest_sky.protocol.EXIT_MARK`).  The server supervises the rank itself
+- ``rank NONCE LENGTH``: a rank, LENGTH bytes of program following (in clear: a run that
+  holds a secret reaches its workers over ssh instead, DESIGN.md section 4d), which the rank's
+  bash gets in its environment: the connection becomes the rank's stdout and its lifeline,
+  and the output ends with ``PSKY-EXIT NONCE <exit code>``
+  (:data:`~pytest_sky.protocol.EXIT_MARK`).  The server supervises the rank itself
   (:mod:`~pytest_sky.agent.supervisor`); where pidfds are refused, it spawns the bash rank
   supervisor, which keeps the same contract.
 
@@ -311,7 +313,7 @@ class _Doorman:
         """The rank, in a cgroup made here and named by this server and a count: supervised
         here (:class:`~pytest_sky.agent.supervisor.Supervised`) where pidfds work, else by
         its bash supervisor, with the connection its stdin (its lifeline) and stdout."""
-        from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup, remove_cgroup
+        from pytest_sky.agent.rank import RANK_SUPERVISOR, job_cgroup, program_env, remove_cgroup
 
         conn = self._forget(caller)
         cgroup = job_cgroup(f"{os.getpid()}-{next(self.made)}")
@@ -327,12 +329,12 @@ class _Doorman:
             self.epoll.register(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
             self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
             return
-        program = caller.program.decode()
+        env = program_env(caller.program.decode("utf-8", "surrogateescape"))
         mark = f"{EXIT_MARK} {caller.mark}"
-        argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, program, mark, cgroup, "1"]
+        argv = ["/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, mark, cgroup, "1"]
         actions = [(os.POSIX_SPAWN_DUP2, conn.fileno(), 0), (os.POSIX_SPAWN_DUP2, conn.fileno(), 1)]
         try:
-            os.posix_spawn("/bin/bash", argv, os.environ, file_actions=actions, setsigdef=SESSION_DEFAULTS)
+            os.posix_spawn("/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS)
         except OSError:
             remove_cgroup(cgroup)
         finally:

@@ -43,9 +43,10 @@ GRACE_SECONDS = 2.5
 KILL_SECONDS = 5.0
 #: How often a stopping job is looked at again.
 TICK_SECONDS = 0.05
-#: What the rank's bash runs before its program, on the program's first line (so that the
-#: line numbers bash names in errors stay the task's): wait at the gate, then close it.
-GATE = "read -r _ <&3; exec 3<&-; "
+#: What the rank's bash is told to run: wait at the gate, close it, then run the program, which
+#: comes in its environment (``shell.PROGRAM_VAR``: a command line is every user's to read).
+#: The program is evaluated whole, so the line numbers bash names in errors stay the task's.
+RANK_BASH = "read -r _ <&3; exec 3<&-; " + shell.RUN_PROGRAM
 
 #: What a rank's process starts with at their defaults, as an sshd session's would: the
 #: server ignores them (or, SIGPIPE, Python does).
@@ -81,7 +82,8 @@ class Supervised:
             actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in ((devnull, 0), (fd, 1), (fd, 2), (gate_r, 3))]
             env = dict(os.environ)
             env[shell.JOB_SCOPE_VAR] = self.token
-            argv = ["/bin/bash", "-c", GATE + program.decode()]
+            env[shell.PROGRAM_VAR] = program.decode("utf-8", "surrogateescape")
+            argv = ["/bin/bash", "-c", RANK_BASH]
             try:
                 self.pid = os.posix_spawn(
                     "/bin/bash", argv, env, file_actions=actions, setsigdef=SESSION_DEFAULTS, setpgroup=0

@@ -101,7 +101,14 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
     p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
     p.add_argument(
-        "--secret", action="append", default=[], metavar="KEY[=VALUE]", help="a secret of the task (never printed)"
+        "--secret",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=(
+            "a secret of the task, its value from this shell (repeatable); exported on every node, "
+            "shown as *** in output; KEY=VALUE works too but puts the value in this command's line"
+        ),
     )
 
 

@@ -42,6 +42,12 @@ JOB_SCOPE_PREFIX = "psky-"
 #: agent server).
 CGROUP_PREFIX = "psky-job-"
 
+#: The environment variable that carries a rank's program to the bash that runs it (never its
+#: command line, which every user of the machine may read), and what that bash runs: the
+#: program, once the variable is gone from the environment its children inherit.
+PROGRAM_VAR = "PSKY_PROGRAM"
+RUN_PROGRAM = f'eval "unset {PROGRAM_VAR}; ${PROGRAM_VAR}"'
+
 #: The environment variable that tells a pod's bootstrap its rank (which host key is its own).
 POD_RANK_VAR = "PSKY_RANK"
 #: What the node probe prints before each command or module a node lacks.
@@ -57,6 +63,7 @@ MARKERS = (
     RUN_AGENT_VAR,
     JOB_SCOPE_PREFIX,
     CGROUP_PREFIX,
+    PROGRAM_VAR,
 )
 
 #: The scripts, by file name.

@@ -1,10 +1,16 @@
 #!/bin/bash
-# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank PROGRAM [MARK [CGROUP
-# [OWN]]], run by the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for
-# the others by their node's agent server (pytest_sky/agent/server.py, which passes MARK) or
-# over head-to-worker SSH.  CGROUP is the job's cgroup when the caller made it ("-": there is
-# none to make), OWN says that this script removes it; without CGROUP the script makes one.
+# One rank on one node: bash -c "$(cat rank_supervisor.sh)" psky-rank [MARK [CGROUP [OWN]]],
+# run by the agent on the head (pytest_sky/agent/rank.py) locally for rank 0, and for the
+# others by their node's agent server (pytest_sky/agent/server.py, which passes MARK) or over
+# head-to-worker SSH.  CGROUP is the job's cgroup when the caller made it ("-": there is none
+# to make), OWN says that this script removes it; without CGROUP the script makes one.
 # A Python supervisor cost ~30 ms of interpreter start per node per run, this costs ~3.
+#
+# PROGRAM, the rank's whole program, is never an argument (every user of the machine reads
+# every command line, and it holds the task's secrets): it comes in the environment
+# (PSKY_PROGRAM), or, over SSH, which passes no variable of ours, first on stdin up to a NUL
+# byte (a program cannot hold one).  PROGRAM's bash takes it from its environment, removed
+# before it runs, so ps shows the task's own commands, as on a SkyPilot cluster.
 #
 # PROGRAM runs in a process group of its own, which prints its pid before anything else,
 # even when told to stop at once (a SIGTERM before that line is held until it is out, then
@@ -25,6 +31,7 @@
 #
 # The names shared with Python (the pid line, the token's variable, the cgroup's name) are
 # pytest_sky.shell's constants; tests/test_shell.py checks the spelling here.
+[ -n "${PSKY_PROGRAM+set}" ] || { IFS= read -r -d '' PSKY_PROGRAM || exit 143; export PSKY_PROGRAM; }
 exec 3<&0
 # The supervisor says nothing of its own: what bash would print (job control's notices that
 # a job is done) would reach a user's terminal through an exec'd run's channel, or an error
@@ -32,7 +39,7 @@ exec 3<&0
 exec 2>/dev/null
 stop=
 trap stop=1 USR1
-cg=${3:-} own=${4:-} r=''
+cg=${2:-} own=${3:-} r=''
 if [ "$cg" = - ]; then cg='' own=''
 elif [ -z "$cg" ]; then  # nobody made it (Python makes it without a process of its own)
   while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
@@ -89,9 +96,11 @@ set -m
   exec 3<&- </dev/null
   [ -z "$cg" ] || { echo "$BASHPID" >"$cg/cgroup.procs" || rmdir "$cg"; } 2>/dev/null
   echo "PSKY-PID $BASHPID"; trap - TERM; [ -z "$t" ] || exit 143
-  PSKY_JOB_SCOPE=$tag exec /bin/bash -c "$1"
+  # shellcheck disable=SC2016  # PROGRAM's bash expands the variable, not this one
+  PSKY_JOB_SCOPE=$tag exec /bin/bash -c 'eval "unset PSKY_PROGRAM; $PSKY_PROGRAM"'
 ) 2>&1 &
 pid=$!
+unset PSKY_PROGRAM
 set +m
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
 { while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100 KILL; } <&3 >/dev/null 2>&1 &
@@ -108,7 +117,7 @@ fi
 } >/dev/null 2>&1
 # Started by a worker's agent server, which has no exit status to pass on: the output ends
 # with the mark it was given, then the status (every process of the job is gone by now).
-[ -z "$2" ] || printf '\n%s %s\n' "$2" "$((code & 255))"
+[ -z "$1" ] || printf '\n%s %s\n' "$1" "$((code & 255))"
 # The empty cgroup goes last, after the mark: the head need not wait for it.
 [ -z "$own" ] || rmdir "$cg" 2>/dev/null
 exit "$code"
