@@ -21,8 +21,9 @@ pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 
 from kube_emulator import Emulator
+from tests.contract import POD_NEVER_RUNS_ENDS_WITHIN_S
 
-FAST = 10.0  # seconds from the fault to the launch's error
+FAST = POD_NEVER_RUNS_ENDS_WITHIN_S  # seconds from the fault to the launch's error (the README's row)
 
 
 @pytest.fixture(autouse=True)

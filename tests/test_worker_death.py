@@ -11,6 +11,7 @@ import pytest
 
 import pytest_sky
 from pytest_sky.job import JobStatus
+from tests.contract import JOB_FAILS_WITHIN_S, within_promise
 from tests.leftovers import live_nodes, our_links
 
 
@@ -56,7 +57,8 @@ def test_worker_processes_killed(cluster):
     start = time.monotonic()
     subprocess.run(["nsenter", "-t", str(init), "-p", "-m", "pkill", "-KILL", "-f", "^sleep 77"], check=True)
     assert job.wait(15) == JobStatus.FAILED
-    assert time.monotonic() - start < 5
+    took = time.monotonic() - start
+    assert took < JOB_FAILS_WITHIN_S, within_promise(took)
     assert "rank 1" in job.error and "137" in job.error
     for rank in (0, 2):  # the other ranks were stopped
         assert not node_has(cluster, rank, "^sleep 77")
@@ -71,7 +73,8 @@ def test_worker_sshd_killed(cluster):
     start = time.monotonic()
     os.kill(init, signal.SIGKILL)
     assert job.wait(15) == JobStatus.FAILED
-    assert time.monotonic() - start < 5
+    took = time.monotonic() - start
+    assert took < JOB_FAILS_WITHIN_S, within_promise(took)
     assert "rank 2" in job.error, job.error
     for rank in (0, 1):
         assert not node_has(cluster, rank, "^sleep 78")
@@ -85,6 +88,7 @@ def test_attached_run_reports_a_lost_worker(cluster):
     start = time.monotonic()
     res = cluster.run("sleep 79", timeout=30)
     killer.wait(10)
-    assert time.monotonic() - start < 6
+    took = time.monotonic() - start
+    assert took < JOB_FAILS_WITHIN_S + 1, within_promise(took, JOB_FAILS_WITHIN_S + 1)  # +1: the killer's own start
     assert res.returncode != 0
     assert "rank 1" in res.error
