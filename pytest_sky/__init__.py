@@ -34,7 +34,8 @@ a circle), which ``tests/test_layering.py`` checks:
 6. runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it
-9. junit, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli, cli.__main__, doctor, pytest_sky: the ways in
+9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli,
+   cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ if TYPE_CHECKING:
         SkyError,
         TaskError,
     )
+    from pytest_sky.job import Job
+    from pytest_sky.node_needs import require_on_nodes
+    from pytest_sky.protocol import JobStatus
     from pytest_sky.resources import Resources
-    from pytest_sky.runner import RankResult, RunResult
+    from pytest_sky.runner import RankResult, RunFailedError, RunResult
     from pytest_sky.ssh.parallel import CommandResult, run_command_in_parallel
     from pytest_sky.task import Task
 
@@ -70,11 +74,14 @@ _EXPORTS = {
     "Cluster": "pytest_sky.cluster",
     "CommandFailedError": "pytest_sky.errors",
     "CommandResult": "pytest_sky.ssh.parallel",
+    "Job": "pytest_sky.job",
+    "JobStatus": "pytest_sky.protocol",
     "NotSupportedError": "pytest_sky.errors",
     "ProvisionError": "pytest_sky.errors",
     "RankResult": "pytest_sky.runner",
     "Resources": "pytest_sky.resources",
     "RunError": "pytest_sky.errors",
+    "RunFailedError": "pytest_sky.runner",
     "RunResult": "pytest_sky.runner",
     "RunTimeoutError": "pytest_sky.errors",
     "SkyError": "pytest_sky.errors",
@@ -83,6 +90,7 @@ _EXPORTS = {
     "get_cluster": "pytest_sky.cluster",
     "launch": "pytest_sky.cluster",
     "reap_orphans": "pytest_sky.cluster",
+    "require_on_nodes": "pytest_sky.node_needs",
     "run_command_in_parallel": "pytest_sky.ssh.parallel",
 }
 
@@ -91,11 +99,14 @@ __all__ = [  # the names of _EXPORTS, spelled out so that tools read them withou
     "Cluster",
     "CommandFailedError",
     "CommandResult",
+    "Job",
+    "JobStatus",
     "NotSupportedError",
     "ProvisionError",
     "RankResult",
     "Resources",
     "RunError",
+    "RunFailedError",
     "RunResult",
     "RunTimeoutError",
     "SkyError",
@@ -104,6 +115,7 @@ __all__ = [  # the names of _EXPORTS, spelled out so that tools read them withou
     "get_cluster",
     "launch",
     "reap_orphans",
+    "require_on_nodes",
     "run_command_in_parallel",
 ]
 

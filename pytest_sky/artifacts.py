@@ -31,33 +31,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pytest_sky.cluster import Cluster
-from pytest_sky.errors import SkyError
+from pytest_sky.errors import RunTimeoutError, SkyError
 from pytest_sky.lifecycle import PROVISION_LOG
 from pytest_sky.protocol import SpecEvent, decode_event
 from pytest_sky.runner import RunResult, Timeline
-from pytest_sky.timeline import first_failure, render
+from pytest_sky.timeline import render
 
 SUMMARY = "summary.json"
 TIMELINE = "timeline.html"
 
 
-class ArtifactsError(SkyError):
-    """The artifacts directory cannot be used."""
+#: How many of a cluster's runs during a test its report shows (the last ones).
+RUNS_SHOWN = 3
 
 
-def check_writable(directory: str) -> Path:
-    """The directory, made if need be, once a file could be written in it; else one line."""
-    path = Path(directory).expanduser().resolve()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".pytest-sky-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ArtifactsError(
-            f"--sky-artifacts {directory}: cannot write there ({exc.strerror or exc}): pick a writable directory"
-        ) from None
-    return path
+def runs_since(cluster: Cluster, since: float) -> list[RunResult]:
+    """The cluster's runs that began at ``since`` or later (``time.time()``), oldest first."""
+    return [r for r in cluster.results if r.timeline is None or r.timeline.started >= since]
+
+
+def used_since(cluster: Cluster, since: float) -> bool:
+    """Whether the cluster was made, or ran something, at ``since`` or later."""
+    if cluster.record.created >= since or runs_since(cluster, since):
+        return True
+    return bool(_timed_out_since(cluster, since))
 
 
 def dir_name(nodeid: str) -> str:
@@ -104,19 +101,21 @@ class Summary:
     problems: tuple[str, ...] = field(default=())  # what could not be gathered, and why
 
 
-def write(root: Path, nodeid: str, outcome: str, when: str, clusters: list[Cluster]) -> Path:
-    """Everything listed in the module's docstring, for one test; returns its directory."""
+def write(root: Path, nodeid: str, outcome: str, when: str, clusters: list[Cluster], *, since: float = 0.0) -> Path:
+    """Everything listed in the module's docstring, for one test; returns its directory.
+    Of each cluster, the runs that began at ``since`` or later (``time.time()``: the test's
+    start, where other tests used the cluster before)."""
     final = root / dir_name(nodeid)
     tmp = root / f".{final.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     problems: list[str] = []
-    summaries = [_cluster(tmp, c, problems) for c in clusters]
-    timeline = _last_timeline(clusters)
+    summaries = [_cluster(tmp, c, problems, since) for c in clusters]
+    timeline = _last_timeline(clusters, since)
     first = None
     if timeline is not None:
         (tmp / TIMELINE).write_text(render(timeline, test_id=nodeid), encoding="utf-8")
-        span = first_failure(timeline)
+        span = timeline.first_failure()
         first = f"rank {span.rank} ({span.name}, {span.ip}): {span.phase} exited {span.code}" if span else None
     summary = Summary(nodeid, outcome, when, tuple(summaries), TIMELINE if timeline else None, first, tuple(problems))
     (tmp / SUMMARY).write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
@@ -131,14 +130,18 @@ def files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def _cluster(tmp: Path, cluster: Cluster, problems: list[str]) -> ClusterSummary:
+def _timed_out_since(cluster: Cluster, since: float) -> list[RunTimeoutError]:
+    return [e for e in cluster.timed_out if not isinstance(e.timeline, Timeline) or e.timeline.started >= since]
+
+
+def _cluster(tmp: Path, cluster: Cluster, problems: list[str], since: float) -> ClusterSummary:
     cdir = tmp / cluster.name
     cdir.mkdir()
     src = cluster.journal.cluster_dir / PROVISION_LOG
     with contextlib.suppress(OSError):
         shutil.copyfile(src, cdir / PROVISION_LOG)
-    jobs = [_job(tmp, cdir, cluster, r, problems) for r in cluster.results[-3:]]
-    for exc in cluster.timed_out[-1:]:
+    jobs = [_job(tmp, cdir, cluster, r, problems) for r in runs_since(cluster, since)[-RUNS_SHOWN:]]
+    for exc in _timed_out_since(cluster, since)[-1:]:
         timeline = exc.timeline if isinstance(exc.timeline, Timeline) else None
         jdir = cdir / f"job-{timeline.job_id if timeline else 0}-timed-out"
         jdir.mkdir(exist_ok=True)
@@ -163,7 +166,7 @@ def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: l
     ranks = []
     for r in result.ranks:
         log = jdir / f"rank-{r.rank}-{r.name}.log"
-        log.write_text(r.stdout, encoding="utf-8")
+        log.write_text(r.output, encoding="utf-8")
         ranks.append(RankSummary(r.rank, r.name, r.ip, r.returncode, str(log.relative_to(tmp))))
     (jdir / "merged.log").write_text(result.output, encoding="utf-8")
     try:
@@ -178,10 +181,10 @@ def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: l
     return JobSummary(result.job_id, result.returncode, result.error, round(result.seconds, 3), tuple(ranks))
 
 
-def _last_timeline(clusters: list[Cluster]) -> Timeline | None:
+def _last_timeline(clusters: list[Cluster], since: float) -> Timeline | None:
     """The timeline of the test's last run on any of its clusters, timed-out ones included."""
     found: list[Timeline] = []
     for c in clusters:
-        found += [r.timeline for r in c.results if r.timeline is not None]
-        found += [e.timeline for e in c.timed_out if isinstance(e.timeline, Timeline)]
+        found += [r.timeline for r in runs_since(c, since) if r.timeline is not None]
+        found += [e.timeline for e in _timed_out_since(c, since) if isinstance(e.timeline, Timeline)]
     return max(found, key=lambda t: t.ended) if found else None

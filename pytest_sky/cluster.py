@@ -13,7 +13,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_sky import bootstrap, console, lifecycle, shell
 from pytest_sky.backends import clusterns, get_backend
@@ -34,6 +34,8 @@ from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, check_shared_dir, validate_envs
 
 if TYPE_CHECKING:
+    import tarfile
+
     import paramiko
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class Cluster:
         #: Runs that timed out (their partial output and timeline), for a failure's artifacts.
         self.timed_out: list[RunTimeoutError] = []
         self.is_down = False
+        #: Set under the plugin's ``--keep-clusters``: :meth:`down` leaves the cluster up.
+        self.keep_up = False
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -130,23 +134,23 @@ class Cluster:
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         *,
-        on_line: object = None,
+        check: bool = False,
+        on_line: Callable[[str], None] | None = None,
     ) -> RunResult:
         """Run a command (bash, on every node) or a task (on its first ``num_nodes`` nodes, as
-        ``sky exec`` does); waits for every rank.
-
-        A rank exiting non-zero is reported through the result (``returncode``, ``error``),
-        not raised; problems reaching the cluster raise :class:`RunError`.
-        """
+        ``sky exec`` does); waits for every rank.  A rank exiting non-zero is reported through
+        the result (``returncode``, ``error``), or with ``check=True`` raised as ``RunFailedError``
+        (a :class:`RunError`, naming the rank, its exit code and last lines); problems reaching
+        the cluster raise :class:`RunError`.  ``on_line`` gets each prefixed line as it comes."""
         task = self._prepared(cmd_or_task)
         try:
-            result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)  # type: ignore[arg-type]
+            result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)
         except RunTimeoutError as exc:
             self.timed_out.append(exc)
             raise
         self.last_result = result
         self.results.append(result)
-        return result
+        return result.check() if check else result
 
     def diagnostics(self) -> list[tuple[str, str]]:
         """The backend's account of the nodes beyond their runs, as (file name, text) pairs
@@ -165,7 +169,7 @@ class Cluster:
         event = agent.submit(self._spec(task, env))
         return Job(agent, event.id, event.task_id)
 
-    def queue(self) -> list[dict]:
+    def queue(self) -> list[dict[str, Any]]:
         """Every job of this cluster with its status (oldest first), as the head records it."""
         return [record.as_dict() for record in self._agent.jobs()]  # type: ignore[attr-defined]
 
@@ -173,9 +177,9 @@ class Cluster:
         return Job(self._agent, int(job_id))
 
     def down(self) -> None:
-        """Remove every node and the cluster's record; safe to call twice."""
+        """Remove every node and the cluster's record; safe to call twice; kept if :attr:`keep_up`."""
         with self._lock:
-            if self.is_down:
+            if self.is_down or self.keep_up:
                 return
             self._close_client()
             lifecycle.teardown(self._record, self._store, self._backend)
@@ -413,7 +417,7 @@ class Cluster:
             if transport is None or not transport.is_active():
                 self._close_client()
                 self._client = self._connect(self.info.head.route)
-            return self._client
+            return self._client  # type: ignore[return-value]  # open: just checked, or just made
 
     def _connect(self, route: SshRoute) -> paramiko.SSHClient:
         """The client's connection to the head: direct, or through the head's port-forward,
@@ -427,7 +431,7 @@ class Cluster:
         elif route.door is not None:
             sock = clusterns.dial(route.door, route.hostname, route.port)
         keys, proxy = (d / "id_ed25519", d / "known_hosts"), route.proxy_command if sock is None else None
-        return ssh_client.connect(route.hostname, route.port, *keys, user=route.user, sock=sock, proxy_command=proxy)
+        return ssh_client.connect(route.hostname, route.port, *keys, user=route.user, sock=sock, proxy_command=proxy)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------ shared clusters
@@ -470,7 +474,7 @@ def reset_for_next_test(cluster: Cluster) -> None:
 # ------------------------------------------------------------------------------ provisioning
 
 
-def _add_workdir(tar, workdir: str) -> None:
+def _add_workdir(tar: tarfile.TarFile, workdir: str) -> None:
     """The workdir as ``~/sky_workdir``; in a git work tree only what git would keep (tracked
     and untracked files, not ignored ones), as sky leaves out what ``.gitignore`` names: a
     virtualenv or build tree in it would otherwise travel to every node."""
@@ -499,7 +503,7 @@ def launch(
     num_nodes: int | None = None,
     name: str | None = None,
     backend: str | None = None,
-    backend_options: dict | None = None,
+    backend_options: dict[str, Any] | None = None,
     settings: Settings | None = None,
     keep: bool = False,
     shared_dir: str | None = None,
@@ -521,7 +525,7 @@ def launch(
     baseline); ``capabilities=("NET_ADMIN",)`` adds capabilities, ``privileged=True`` lifts
     the confinement altogether (a task can then change this machine), as on a pod.
     """
-    extra = Resources.from_kwargs(**resources) if resources else Resources()  # type: ignore[arg-type]
+    extra = Resources.from_kwargs(**resources) if resources else Resources()
     cluster, task = bring_up(
         as_task(task) if task is not None else None,
         num_nodes,
@@ -553,7 +557,7 @@ def bring_up(
     *,
     name: str | None,
     settings: Settings,
-    backend_options: dict | None = None,
+    backend_options: dict[str, Any] | None = None,
     keep: bool = False,
     shared_dir: str | None = None,
     privileges: Privileges = NONE_ASKED,
@@ -593,7 +597,6 @@ def get_cluster(name: str, store: StateStore | None = None) -> Cluster:
     return Cluster(record, get_backend(record.backend), store)
 
 
-# The reaper and the owner check live with the rest of a cluster's life; re-exported here,
-# where callers of the public API have always found them.
+# The reaper and the owner check (lifecycle's), where callers of the public API found them.
 reap_orphans = lifecycle.reap
 owner_alive = lifecycle.owner_alive

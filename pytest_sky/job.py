@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from pytest_sky.errors import RunTimeoutError
+from pytest_sky.errors import RunError, RunTimeoutError
 from pytest_sky.protocol import JobStatus
 
 if TYPE_CHECKING:
@@ -36,16 +36,21 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id}, cluster={self.cluster_name!r})"
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """The job's record on the head: status, returncode, error, timestamps, its agent's pid."""
-        return self._agent.job(self.id).as_dict()  # type: ignore[attr-defined]
+        info: dict[str, Any] = self._agent.job(self.id).as_dict()  # type: ignore[attr-defined]
+        return info
 
     @property
     def status(self) -> JobStatus:
+        """The job's status now, asked of the head on each read: one agent command over the
+        cluster's connection (an exec on the head, a few tens of milliseconds; more on a busy
+        machine).  To wait for the end, :meth:`wait` blocks on the head instead of polling."""
         return self._agent.job(self.id).status
 
     @property
     def error(self) -> str | None:
+        """Why the job failed (None while it has not), asked of the head as :attr:`status` is."""
         return self._agent.job(self.id).error
 
     def wait(self, timeout: float | None = None) -> JobStatus:
@@ -79,6 +84,12 @@ class Job:
         self._agent.cancel(self.id)
         return self.status
 
-    def result(self) -> RunResult | None:
-        """The job's RunResult once it has ended (None before)."""
-        return self._agent.result(self.id)
+    def result(self, timeout: float | None = None) -> RunResult:
+        """Wait for the job to end (:meth:`wait`: at most ``timeout`` seconds, else
+        :class:`~pytest_sky.errors.RunTimeoutError`), then its :class:`RunResult`: every
+        rank's exit code and output, as an attached run returns it."""
+        self.wait(timeout)
+        result = self._agent.result(self.id)
+        if result is None:  # ended, yet its events do not say how: its agent died mid-record
+            raise RunError(f"job {self.id} on {self.cluster_name} ended without a result ({self.error or 'no record'})")
+        return result

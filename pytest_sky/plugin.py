@@ -1,7 +1,10 @@
 """The pytest plugin: options, markers and fixtures of the public contract (DESIGN.md section 2).
 
-Heavy modules (paramiko, the backends) are imported inside hooks and fixtures, so that
-installing pytest-sky costs nothing to a test session that never asks for a cluster.
+Silent until asked: a session that asks for no cluster gets the options, the markers and
+the report header's line, and nothing else: no file or directory made, no signal handler
+changed, no reaper run, none of the cluster machinery imported (paramiko, the backends, the
+state directory's module).  The first cluster request of a process (an xdist worker is one)
+does that set-up, once (:func:`_set_up`); the xdist controller never makes one.
 """
 
 from __future__ import annotations
@@ -9,31 +12,21 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_sky import interrupts  # tiny; a signal handler is no place for an import
+from pytest_sky.markers import MARKERS, MultinodeRequest, bound, marker_request
+from pytest_sky.node_needs import missing_on_nodes, require_on_nodes  # noqa: F401 - where they always were
 
 if TYPE_CHECKING:
+    from _pytest.nodes import Node
+
     from pytest_sky.cluster import Cluster
     from pytest_sky.settings import Settings
-
-
-MARKERS = {
-    "multinode": "multinode(num_nodes=2, gpus=None, cpus=None, memory=None, shared_dir=None, capabilities=None, "
-    "privileged=None, scope='function'): the test gets a cluster of that shape as `sky_cluster`; "
-    "scope='class'/'module'/'session' shares one among that scope's tests of the same shape",
-    "kubernetes": "run only with the Kubernetes backend (--kubernetes)",
-    "no_kubernetes": "skip with the Kubernetes backend",
-    "gpu": "needs a GPU; skipped with a reason where the backend has none",
-}
-
-
-SCOPES = ("function", "class", "module", "session")
 
 
 @dataclass(frozen=True)
@@ -50,13 +43,29 @@ class _ShareKey:
 class _SessionState:
     settings: Settings
     started: float = field(default_factory=time.time)
+    #: Every cluster this process made and has not torn down itself (one the user took down
+    #: stays until the session ends, for the report of the test that did).
     live: list[Cluster] = field(default_factory=list)
     shared: dict[_ShareKey, Cluster] = field(default_factory=dict)
+    #: Whether this process asked for a cluster, and so did the set-up (:func:`_set_up`).
+    ready: bool = False
+    #: The SIGTERM handler the set-up replaced, put back when the session ends.
+    sigterm: Any = None
+    #: Clusters of killed runs the set-up removed (under xdist the controller gathers the
+    #: workers': its summary names them).
+    reaped: list[str] = field(default_factory=list)
+    #: The test running now (a factory's cluster is named after it).
+    current: pytest.Item | None = None
 
 
 _state_key = pytest.StashKey[_SessionState]()
-# The clusters a test used, for its failure report (its own and the shared ones it was lent).
+# The clusters a test was lent by its fixtures, for its failure report (its own and shared ones).
 _item_clusters_key = pytest.StashKey[list["Cluster"]]()
+# When the test began (``time.time()``): of the session's other clusters, its report shows
+# those used since then, and their runs since then.
+_item_started_key = pytest.StashKey[float]()
+#: What an xdist worker hands its controller (``workeroutput``): the clusters it reaped.
+_REAPED_OUTPUT = "pytest_sky_reaped"
 
 
 def _reported(item: pytest.Item) -> list[Cluster]:
@@ -84,10 +93,19 @@ def settings_from(config: pytest.Config) -> Settings:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     """The effective settings, each with where it came from (option, environment, default)."""
-    from pytest_sky.backends import mode_of
-
     state = config.stash.get(_state_key, None)
-    return state.settings.describe(mode_of(state.settings.backend)) if state is not None else None
+    return state.settings.describe(_backend_mode(state.settings.backend)) if state is not None else None
+
+
+def _backend_mode(backend: str) -> str:
+    """How the backend would run here, for the header, asked of nothing but this process's
+    capabilities (the backends are not imported, and nothing is tried): the local one runs
+    rootless for an ordinary user.  Whether it can, its first launch says, in one line."""
+    from pytest_sky import registry
+    from pytest_sky.procs import holds_root_caps
+
+    local = registry.lookup(backend).name == "local"
+    return "rootless" if local and os.geteuid() != 0 and not holds_root_caps() else ""
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -107,43 +125,50 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {help_text}" if not help_text.startswith(name) else help_text)
     settings = settings_from(config)
     if settings.artifacts:
-        from pytest_sky.artifacts import ArtifactsError, check_writable
+        from pytest_sky.failure_report import artifacts_problem
 
-        try:
-            check_writable(settings.artifacts)
-        except ArtifactsError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        problem = artifacts_problem(settings.artifacts)
+        if problem:
+            raise pytest.UsageError(problem)
     config.stash[_state_key] = _SessionState(settings=settings)
-    config.pluginmanager.register(_JunitWriter(config), "pytest-sky-junit")
+    from pytest_sky.failure_report import JunitWriter
+
+    config.pluginmanager.register(JunitWriter(config), "pytest-sky-junit")
+
+
+def _set_up(state: _SessionState) -> None:
+    """The first cluster request of this process, once: SIGTERM becomes what Ctrl-C is (so a
+    CI job's cancel tears clusters down), and clusters whose owner died (a run killed with
+    SIGKILL) are reaped before new ones are made."""
+    if state.ready:
+        return
+    state.ready = True
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+        state.sigterm = signal.signal(signal.SIGTERM, _terminate)
+    import warnings
 
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Reap clusters whose owner died (a run killed with SIGKILL), before making new ones."""
     from pytest_sky.errors import SkyError
+    from pytest_sky.lifecycle import reap
     from pytest_sky.state import StateStore
 
     try:
         store = StateStore()
-        if not store.records():
-            return  # the common case: no backend, ssh or task module is imported (every pytest run pays it)
-        from pytest_sky.lifecycle import reap as reap_orphans
-
-        reaped = reap_orphans(store)
+        state.reaped += reap(store) if store.records() else []
     except (SkyError, OSError) as exc:
-        session.config.issue_config_time_warning(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), 2)
-        return
-    if reaped:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"pytest-sky: reaped {len(reaped)} cluster(s) left by a killed run: {', '.join(reaped)}"
-            )
+        warnings.warn(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), stacklevel=2)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The test's start, before its fixtures: what its report shows of clusters begins here."""
+    item.stash[_item_started_key] = time.time()
+    state = item.config.stash.get(_state_key, None)
+    if state is not None:
+        state.current = item
+        state.live[:] = [c for c in state.live if not c.is_down]  # the user's own down(), seen by its test
 
 
 def _backend_gpu_absence(settings: Settings) -> str | None:
@@ -176,106 +201,94 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    clusters = item.stash.get(_item_clusters_key, [])
-    if report.when not in ("call", "setup") or not clusters:
+    if report.when not in ("call", "setup"):
         return report
-    from pytest_sky import junit
+    clusters = _used_by(item)
+    if clusters:
+        from pytest_sky import failure_report
 
-    out = []
-    if report.failed:
-        out += _rank_sections(item, report, clusters)
-    state = item.config.stash.get(_state_key, None)
-    settings = state.settings if state is not None else None
-    if settings is not None and settings.artifacts and (report.failed or (settings.artifacts_all and report.passed)):
-        out.append(_keep_artifacts(report, settings.artifacts, clusters))
-    if out and report.failed:
-        junit.attach(item, report, "".join(out))
+        state = item.config.stash.get(_state_key, None)
+        since = item.stash.get(_item_started_key, 0.0)
+        failure_report.add(item, report, clusters, since, state.settings if state is not None else None)
     return report
 
 
-def _rank_sections(item: pytest.Item, report: pytest.TestReport, clusters: list[Cluster]) -> list[str]:
-    """Each rank's lines as a section of the terminal report, a property of the test in the
-    JUnit XML, and the text of its ``<system-out>`` (returned)."""
-    from pytest_sky import junit
+def _used_by(item: pytest.Item) -> list[Cluster]:
+    """The clusters the test's fixtures lent it, then the session's others it used
+    (a factory's, held by a user's fixture of any scope): made or run on since it began."""
+    lent = item.stash.get(_item_clusters_key, [])
+    state = item.config.stash.get(_state_key, None)
+    if state is None or not state.live:
+        return list(lent)
+    from pytest_sky.artifacts import used_since
 
-    out = []
-    for cluster in clusters:
-        for result in cluster.results[-3:]:
-            for rank in result.ranks:
-                title = f"sky {cluster.name} job {result.job_id} rank {rank.rank} ({rank.name}, exit {rank.returncode})"
-                report.sections.append((title, rank.stdout or "(no output)\n"))
-                item.user_properties.append(
-                    (
-                        f"sky {cluster.name} job {result.job_id} rank {rank.rank}",
-                        f"{rank.name} {rank.ip} exit {rank.returncode}",
-                    )
-                )
-                header = junit.rank_header(cluster.name, result.job_id, rank.rank, rank.name, rank.ip, rank.returncode)
-                out.append(f"{header}\n{rank.stdout or '(no output)'}\n")
-            if result.error:
-                report.sections.append((f"sky {cluster.name} job {result.job_id}", result.error + "\n"))
-                out.append(f"===== sky {cluster.name} job {result.job_id}: {result.error}\n")
-    return out
-
-
-def _keep_artifacts(report: pytest.TestReport, directory: str, clusters: list[Cluster]) -> str:
-    """Write the test's artifacts (before its clusters go) and say where, in the report and
-    as attachment lines; a failure to gather them is a line in the report, never an error."""
-    from pytest_sky import artifacts, junit
-    from pytest_sky.errors import SkyError
-
-    try:
-        where = artifacts.write(Path(directory).resolve(), report.nodeid, report.outcome, report.when, clusters)
-    except (OSError, SkyError) as exc:
-        report.sections.append(("sky artifacts", f"could not write artifacts under {directory}: {exc}\n"))
-        return ""
-    lines = f"artifacts: {where}\n"
-    if (where / artifacts.TIMELINE).exists():
-        lines += f"timeline: {where / artifacts.TIMELINE}\n"
-    report.sections.append(("sky artifacts", lines))
-    return lines + junit.attachment_lines(artifacts.files(where))
-
-
-class _JunitWriter:
-    """On the process that writes the JUnit XML (the controller, under xdist): the rank logs
-    and attachment lines into each failed test case's ``<system-out>``.  One per session,
-    holding its config: ``pytest_runtest_logreport`` is not given it."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from pytest_sky import junit
-
-        text = getattr(report, junit.REPORT_ATTR, None)
-        if text:
-            junit.add_system_out(self.config, report, text)
+    since = item.stash.get(_item_started_key, 0.0)
+    return [*lent, *(c for c in state.live if c not in lent and used_since(c, since))]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Last line of defence: clusters of ours that are still up are torn down.  Then the
-    files of every cluster this process tore down, deleted in the background, are gone too."""
+    """Last line of defence, in a process that asked for clusters: those of ours still up are
+    torn down, then the files of every cluster it tore down, deleted in the background, are
+    gone too, and SIGTERM is what it was.  An xdist worker tells its controller what it reaped."""
+    state = session.config.stash.get(_state_key, None)
+    if state is None or not state.ready:
+        return
     from pytest_sky.state import drain_removals
 
-    state = session.config.stash.get(_state_key, None)
-    if state is not None:
+    try:
         if not state.settings.keep_clusters:
             for cluster in list(state.live):
                 if not cluster.is_down:
                     cluster.down()
         state.live.clear()
-    drain_removals()
+        drain_removals()
+    finally:
+        _restore_sigterm(state)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[_REAPED_OUTPUT] = list(state.reaped)
+
+
+def _restore_sigterm(state: _SessionState) -> None:
+    if state.sigterm is not None:
+        import signal
+
+        signal.signal(signal.SIGTERM, state.sigterm)
+        state.sigterm = None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist's controller: a worker ended, with what it reaped (its summary names them)."""
+    state = node.config.stash.get(_state_key, None)
+    if state is not None:
+        state.reaped += getattr(node, "workeroutput", {}).get(_REAPED_OUTPUT, [])
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Kept clusters, read from the state store: under xdist the workers kept them."""
+    """What a killed run had left and this one reaped; kept clusters, read from the state
+    store (under xdist the workers kept them)."""
     state = terminalreporter.config.stash.get(_state_key, None)
-    if not state or not state.settings.keep_clusters:
+    if state is None:
         return
+    if state.reaped:
+        terminalreporter.write_line(
+            f"pytest-sky: reaped {len(state.reaped)} cluster(s) left by a killed run: {', '.join(state.reaped)}"
+        )
+    if state.settings.keep_clusters:
+        _summarise_kept(terminalreporter, state)
+
+
+def _summarise_kept(terminalreporter: Any, state: _SessionState) -> None:
+    from pytest_sky.settings import state_home
+
+    if not (state_home() / "clusters").is_dir():
+        return  # no cluster was ever made here: nothing can have been kept
     from pytest_sky.state import StateStore
 
     store = StateStore()
@@ -380,12 +393,15 @@ def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> C
 
     on_created = options.pop("on_created", None)
 
+    settings = state.settings
+
     def track(cluster: Cluster) -> None:
+        cluster.keep_up = settings.keep_clusters  # kept, whoever asks it to go
         state.live.append(cluster)
         if on_created is not None:
             on_created(cluster)
 
-    settings = state.settings
+    _set_up(state)
     try:
         return launch(task, settings=settings, keep=settings.keep_clusters, on_created=track, **options)
     except SkyError as exc:
@@ -410,86 +426,17 @@ def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
         pytest.fail("pytest-sky: teardown failed: " + "; ".join(errors), pytrace=False)
 
 
-@dataclass(frozen=True)
-class MultinodeRequest:
-    """What a ``multinode`` marker asks for: the cluster's shape (``launch``'s keywords) and
-    the scope whose tests of that shape share it."""
-
-    shape: dict[str, Any]
-    scope: str = "function"
-
-
-def multinode_shape(
-    num_nodes: int = 2,
-    *,
-    gpus: object = None,
-    cpus: object = None,
-    memory: object = None,
-    shared_dir: str | None = None,
-    capabilities: tuple[str, ...] | None = None,
-    privileged: bool | None = None,
-    scope: str = "function",
-) -> MultinodeRequest:
-    """The signature of ``@pytest.mark.multinode``: the marker's arguments are bound to it.
-
-    Python's own binding refuses an unknown keyword or a second positional argument;
-    :func:`_marker_shape` only turns its TypeError into a line that says what to write.
-    """
-    shape = {
-        "num_nodes": num_nodes,
-        "gpus": gpus,
-        "cpus": cpus,
-        "memory": memory,
-        "shared_dir": shared_dir,
-        "capabilities": capabilities,
-        "privileged": privileged,
-    }
-    return MultinodeRequest({k: v for k, v in shape.items() if v is not None}, scope)
-
-
-def _marker_shape(item: pytest.Item) -> MultinodeRequest:
-    marker = item.get_closest_marker("multinode")
-    if marker is None:
-        return multinode_shape()
-    try:
-        request = multinode_shape(*marker.args, **marker.kwargs)
-    except TypeError:
-        pass  # said below, outside the handler: the user gets one line, not a chain
-    else:
-        if request.scope in SCOPES:
-            return request
-        pytest.fail(
-            f"pytest-sky: multinode() got scope={request.scope!r}; use one of {', '.join(map(repr, SCOPES))} "
-            "(e.g. @pytest.mark.multinode(num_nodes=2, scope='module'))",
-            pytrace=False,
-        )
-    import inspect
-
-    allowed = sorted(inspect.signature(multinode_shape).parameters)
-    unknown = sorted(set(marker.kwargs) - set(allowed))
-    if unknown:
-        pytest.fail(
-            f"pytest-sky: multinode() got unknown argument(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}",
-            pytrace=False,
-        )
-    pytest.fail(
-        "pytest-sky: multinode() takes num_nodes once, as its only positional argument "
-        "or as num_nodes=N (e.g. @pytest.mark.multinode(num_nodes=3))",
-        pytrace=False,
-    )
-
-
 @pytest.fixture
 def sky_cluster(request: pytest.FixtureRequest, sky_launch: Callable[..., Cluster]) -> Cluster:
     """One cluster for this test, shaped by its ``multinode`` marker (default: 2 nodes); with
     ``scope=`` other than "function", the one its scope's tests of that shape share."""
-    want = _marker_shape(request.node)
+    want = marker_request(request.node)
     if want.scope == "function":
         return sky_launch(**want.shape)
     return _shared_cluster(request.node, want)
 
 
-def _scope_node(item: pytest.Item, scope: str) -> pytest.Node:
+def _scope_node(item: pytest.Item, scope: str) -> Node:
     """The node whose end ends a shared cluster; a class scope outside a class is the module's,
     as for pytest's own class-scoped fixtures."""
     if scope == "session":
@@ -546,45 +493,53 @@ def _release(state: _SessionState, key: _ShareKey) -> None:
         _tear_down(state, [cluster])
 
 
-#: What the node image of examples/kubernetes/Dockerfile has (a skip for anything else says
-#: to add it there).
-NODE_IMAGE_HAS = frozenset({"python3", "torch", "mpi4py", "mpirun", "ssh", "sshd"})
+class ClusterFactory:
+    """What ``sky_cluster_factory`` gives: ``factory(num_nodes=2, **marker_args) -> Cluster``,
+    with the ``multinode`` marker's arguments (but ``scope``: the fixture that holds the
+    cluster has one of its own).
+
+    The cluster is the caller's, for as long as it likes: it goes at ``cluster.down()`` or
+    at the end of a ``with`` block, and at the latest when the session ends, pass or fail
+    (``--keep-clusters`` keeps it, whatever asks it to go).  A failing test that ran
+    something on it gets those ranks' lines in its report."""
+
+    def __init__(self, state: _SessionState) -> None:
+        self._state = state
+        self._made: list[Cluster] = []
+
+    def __call__(self, num_nodes: int = 2, **marker_args: Any) -> Cluster:
+        if "scope" in marker_args:
+            pytest.fail(
+                "pytest-sky: sky_cluster_factory() takes no scope: the cluster lives until down(), the end of its "
+                "`with` block, or the session's end (e.g. a module-scoped fixture: "
+                "`with sky_cluster_factory(num_nodes=2) as c: yield c`)",
+                pytrace=False,
+            )
+        want = bound((num_nodes,), marker_args, "sky_cluster_factory()", "sky_cluster_factory")
+        current = self._state.current
+        label = current.name if current is not None else "session"
+        cluster = _launch_or_fail(self._state, name=_cluster_name(label, len(self._made) + 1), **want.shape)
+        self._made.append(cluster)
+        return cluster
+
+    def _close(self) -> None:
+        """The session's end: every cluster still up goes, through the one teardown."""
+        _tear_down(self._state, self._made)
 
 
-def missing_on_nodes(cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = ()) -> list[str]:
-    """Which of ``commands`` (on PATH) and ``modules`` (importable by ``python3``) some node of
-    ``cluster`` lacks, asked on the nodes themselves: they need not have what this client has."""
-    import shlex
+@pytest.fixture(scope="session")
+def sky_cluster_factory(request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
+    """Session-scoped, like ``tmp_path_factory``: ``sky_cluster_factory(num_nodes=2,
+    **marker_args) -> Cluster`` for a user's own fixtures of any scope, e.g. one cluster for
+    a module's tests::
 
-    from pytest_sky import shell
-
-    args = [*commands, *(f"py:{m}" for m in modules)]
-    res = cluster.run(f"set -- {shlex.join(args)}\n{shell.script(shell.PROBE_NODES)}", timeout=120)
-    missing: list[str] = []
-    mark = shell.MISSING_MARK + " "
-    for rank in res.ranks:
-        for line in rank.stdout.splitlines():
-            name = line.removeprefix(mark).strip()
-            if line.startswith(mark) and name not in missing:
-                missing.append(name)
-    return missing
-
-
-def require_on_nodes(
-    cluster: Cluster, *, commands: Sequence[str] = (), modules: Sequence[str] = (), install: str = ""
-) -> None:
-    """Skip the test unless every node has ``commands`` and ``modules`` (``missing_on_nodes``),
-    naming the image and the fix; ``install`` says how to get what is missing (on the local
-    backend the nodes run this machine's software)."""
-    missing = missing_on_nodes(cluster, commands=commands, modules=modules)
-    if not missing:
-        return
-    what = ", ".join(missing)
-    image = cluster.node_image
-    if image is not None:
-        extra = "" if NODE_IMAGE_HAS.issuperset(missing) else f" with {install or what} added"
-        pytest.skip(
-            f"image {image} has no {what} on the nodes: "
-            f"build examples/kubernetes/Dockerfile{extra} and pass --kube-image"
-        )
-    pytest.skip(f"the nodes (this machine's software) have no {what}" + (f": {install}" if install else ""))
+        @pytest.fixture(scope="module")
+        def cluster(sky_cluster_factory):
+            with sky_cluster_factory(num_nodes=2) as c:
+                yield c
+    """
+    factory = ClusterFactory(request.config.stash[_state_key])
+    try:
+        yield factory
+    finally:
+        factory._close()

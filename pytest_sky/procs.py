@@ -202,3 +202,17 @@ def carrying(entry: bytes) -> list[int]:
         if entry in env.split(b"\0"):
             found.append(pid)
     return found
+
+
+def holds_root_caps() -> bool:
+    """This process may make namespaces and links on the host: CAP_NET_ADMIN and CAP_SYS_ADMIN."""
+    cap_eff = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    cap_eff = int(line.split()[1], 16)
+    except OSError:
+        pass
+    net_admin, sys_admin = 1 << 12, 1 << 21
+    return bool(cap_eff & net_admin and cap_eff & sys_admin)

@@ -119,7 +119,7 @@ def record(cls: type[R]) -> type[R]:
     def __repr__(self: object) -> str:
         return f"{cls.__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
-    cls.__init__ = __init__  # type: ignore[misc]
+    cls.__init__ = __init__  # type: ignore[method-assign,misc]
     cls.__eq__ = __eq__  # type: ignore[method-assign,assignment]
     cls.__hash__ = None  # type: ignore[assignment]
     if "__repr__" not in cls.__dict__:  # a record's own (RunSpec's hides its secrets)
@@ -222,7 +222,7 @@ class RunSpec:
     def to_wire(self) -> dict:
         """What the client sends the agent: everything, secrets included."""
         wire = self.as_dict()  # type: ignore[attr-defined]
-        wire["nodes"] = [n.as_dict() for n in self.nodes]
+        wire["nodes"] = [n.as_dict() for n in self.nodes]  # type: ignore[attr-defined]
         return wire
 
     def to_record(self) -> dict:
@@ -452,21 +452,29 @@ class StartEvent(Event):
     phase: str
 
 
+#: Which of a rank's streams a line came on (``LineEvent.stream``): its file descriptor.
+STDOUT, STDERR = 1, 2
+
+
 @record
 class LineEvent(Event):
-    """One line of a rank's output, without its prefix."""
+    """One line of a rank's output, without its prefix, and the stream it came on (stdout's
+    lines carry no ``"s"`` on the wire: the hot path's line stays as short as it was)."""
 
     KIND = "l"
-    WIRE = {"rank": "r", "text": "t"}
+    WIRE = {"rank": "r", "text": "t", "stream": "s"}
     rank: int
     text: str
+    stream: int = STDOUT
 
     def encode(self) -> bytes:
-        return b'{"e":"l","r":%d,"t":%s}\n' % (self.rank, json_str(self.text).encode())
+        if self.stream == STDOUT:
+            return b'{"e":"l","r":%d,"t":%s}\n' % (self.rank, json_str(self.text).encode())
+        return b'{"e":"l","r":%d,"s":%d,"t":%s}\n' % (self.rank, self.stream, json_str(self.text).encode())
 
     @classmethod
     def from_wire(cls, wire: dict) -> LineEvent:
-        return cls(wire["r"], wire["t"])
+        return cls(wire["r"], wire["t"], wire.get("s", STDOUT))
 
 
 @record
@@ -529,7 +537,7 @@ def decode_event(raw: bytes | str) -> Event | None:
     raises ``ValueError``.
     """
     wire = _loads(raw)
-    kind = EVENTS.get(wire.get("e")) if isinstance(wire, dict) else None
+    kind = EVENTS.get(wire.get("e")) if isinstance(wire, dict) else None  # type: ignore[arg-type]
     if kind is None:
         if isinstance(wire, dict) and isinstance(wire.get("e"), str):
             return None

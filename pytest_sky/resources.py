@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pytest_sky import registry
 from pytest_sky.errors import ResourcesError
@@ -471,7 +472,7 @@ class Resources:
         """
         if not isinstance(other, Resources):
             raise ResourcesError(f"can only merge Resources, got {format_value(other)}")
-        changes: dict[str, object] = {
+        changes: dict[str, Any] = {
             field.name: getattr(other, field.name)
             for field in dataclasses.fields(other)
             if field.name not in ("infra_context", "inert") and getattr(other, field.name) is not None

@@ -17,7 +17,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_sky import interrupts
 from pytest_sky.errors import RunError, RunTimeoutError
@@ -25,6 +25,8 @@ from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import (
     AGENT_PORT,
     GREETING,
+    STDERR,
+    STDOUT,
     DoneEvent,
     Event,
     ExitEvent,
@@ -52,12 +54,21 @@ T = TypeVar("T")
 
 @dataclass
 class RankResult:
+    """One rank's end and its lines (setup's and run's), without the prefix: ``stdout`` and
+    ``stderr`` apart, ``output`` both as they arrived."""
+
     rank: int
     returncode: int
-    stdout: str  # this rank's own lines, no prefix (setup and run)
+    stdout: str
     name: str = ""
     ip: str = ""
     pid: int = 0
+    stderr: str = ""
+    output: str = ""
+
+    def tail(self, lines: int = 10) -> str:
+        """The rank's last ``lines`` lines, both streams (what a failure names)."""
+        return "\n".join(self.output.splitlines()[-lines:])
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,11 @@ class Timeline:
     spans: tuple[RankSpan, ...]
     timed_out: bool = False
 
+    def first_failure(self) -> RankSpan | None:
+        """The rank whose phase failed first (by when its exit arrived)."""
+        failed = [s for s in self.spans if s.ended is not None and s.code not in (0, None)]
+        return min(failed, key=lambda s: s.ended or 0.0) if failed else None
+
 
 @dataclass
 class RunResult:
@@ -102,9 +118,43 @@ class RunResult:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    def check(self) -> RunResult:
+        """This result, where every rank returned 0; else :class:`RunFailedError`."""
+        if not self.ok:
+            raise RunFailedError(self)
+        return self
+
+    def failed_rank(self) -> RankResult | None:
+        """The rank that failed first (by when its exit arrived), else the first that failed."""
+        first = self.timeline.first_failure() if self.timeline is not None else None
+        failed = [r for r in self.ranks if r.returncode != 0]
+        picked = [r for r in failed if first is not None and r.rank == first.rank]
+        return picked[0] if picked else failed[0] if failed else None
+
     def __str__(self) -> str:
         status = "ok" if self.ok else f"failed: {self.error or self.returncode}"
         return f"RunResult(job {self.job_id}, {status})"
+
+
+class RunFailedError(RunError):
+    """A run whose rank exited non-zero, raised by ``run(..., check=True)``: the message names
+    the rank that failed first, its exit code and its last lines; ``result`` is the whole
+    :class:`RunResult` (every rank's output)."""
+
+    #: How many of the failed rank's last lines the message carries.
+    TAIL_LINES = 10
+
+    def __init__(self, result: RunResult) -> None:
+        self.result = result
+        cluster = result.timeline.cluster if result.timeline is not None else "the cluster"
+        rank = result.failed_rank()
+        if rank is None:  # every rank returned 0, yet the run failed: the agent says why
+            super().__init__(f"job {result.job_id} on {cluster} failed: {result.error or f'exit {result.returncode}'}")
+            return
+        where = f"rank {rank.rank} ({rank.name}, {rank.ip})" if rank.name else f"rank {rank.rank}"
+        tail = rank.tail(self.TAIL_LINES)
+        said = "its last lines:\n" + "\n".join(f"    {line}" for line in tail.splitlines()) if tail else "no output"
+        super().__init__(f"job {result.job_id} on {cluster} failed: {where} exited with code {rank.returncode}; {said}")
 
 
 # ------------------------------------------------------------------------------ events -> result
@@ -118,15 +168,19 @@ class _Collector:
         self.on_line = on_line
         self.pids: dict[int, int] = {}
         self.lines: list[str] = []
+        # Each rank's lines: both streams as they came, and each stream's, by its number.
         self.per_rank: dict[int, list[str]] = {n.rank: [] for n in spec.nodes}
+        self.streams: dict[tuple[int, int], list[str]] = {
+            (n.rank, stream): [] for n in spec.nodes for stream in (STDOUT, STDERR)
+        }
         self.done: DoneEvent | None = None
         self.job_id = 0
         self.task_id = ""
         self.started = time.time()
         self.phases: list[str] = []
         # (rank, phase) -> [start, end, code], as the events arrive.
-        self._spans: dict[tuple[int, str], list] = {}
-        self._handlers: dict[type[Event], Callable] = {
+        self._spans: dict[tuple[int, str], list[Any]] = {}
+        self._handlers: dict[type[Event | None], Callable[[Any], None]] = {
             LineEvent: self._on_line,
             StartEvent: self._on_start,
             ExitEvent: self._on_exit,
@@ -153,6 +207,7 @@ class _Collector:
         line = prefix + event.text
         self.lines.append(line)
         self.per_rank[event.rank].append(event.text)
+        self.streams[event.rank, STDERR if event.stream == STDERR else STDOUT].append(event.text)
         if self.on_line is not None:
             self.on_line(line)
 
@@ -188,20 +243,21 @@ class _Collector:
         ranks = []
         for node in self.spec.nodes:
             r = node.rank
-            text = "\n".join(self.per_rank[r])
             ranks.append(
                 RankResult(
                     rank=r,
                     returncode=codes[r] if r < len(codes) else 0,
-                    stdout=text + ("\n" if text else ""),
+                    stdout=_text(self.streams[r, STDOUT]),
                     name=node.name,
                     ip=node.ip,
                     pid=self.pids.get(r, 0),
+                    stderr=_text(self.streams[r, STDERR]),
+                    output=_text(self.per_rank[r]),
                 )
             )
         return RunResult(
             returncode=self.done.returncode,
-            output="\n".join(self.lines) + ("\n" if self.lines else ""),
+            output=_text(self.lines),
             ranks=ranks,
             job_id=self.job_id,
             task_id=self.task_id,
@@ -212,6 +268,11 @@ class _Collector:
 
     def partial(self) -> str:
         return "\n".join(self.lines)
+
+
+def _text(lines: list[str]) -> str:
+    """Lines as the text they were: each ended by a line break."""
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:

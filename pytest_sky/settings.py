@@ -79,7 +79,7 @@ class Option:
         """Its attribute on a parsed command line (prefixed: pytest's namespace is shared)."""
         return "sky_" + self.name
 
-    def argparse_kwargs(self, twin: str | None = None) -> dict[str, object]:
+    def argparse_kwargs(self, twin: str | None = None) -> dict[str, Any]:
         """``add_argument``'s keywords for its flag, for pytest's parser and the CLI's alike;
         ``twin`` (the environment variable) is named at the end of the help."""
         kwargs: dict[str, object] = {"help": f"{self.help} [{twin}]" if twin else self.help}
@@ -102,7 +102,7 @@ class Option:
             return registry.canonical(str(raw))
         if self.kind in (Kind.WHOLE, Kind.SECONDS):
             try:
-                return int(raw) if self.kind is Kind.WHOLE else float(raw)  # type: ignore[arg-type]
+                return int(raw) if self.kind is Kind.WHOLE else float(raw)  # type: ignore[arg-type,call-overload]
             except ValueError:
                 example = "65535" if self.kind is Kind.WHOLE else "600"
                 raise SettingsError(f"{source}={raw!r} is not a {self.kind.value} (e.g. {example})") from None

@@ -44,7 +44,7 @@ class _TaskLoader(yaml.SafeLoader):
     ``envs`` is passed on as written.
     """
 
-    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {  # type: ignore[misc]
         first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }

@@ -31,12 +31,6 @@ def state(span: RankSpan) -> str:
     return "ok" if span.code == 0 else "failed"
 
 
-def first_failure(timeline: Timeline) -> RankSpan | None:
-    """The rank whose phase failed first (by when its exit arrived)."""
-    failed = [s for s in timeline.spans if state(s) == "failed" and s.ended is not None]
-    return min(failed, key=lambda s: s.ended or 0.0) if failed else None
-
-
 def _label(span: RankSpan) -> str:
     return {
         "ok": f"{span.phase}: exit 0",
@@ -78,11 +72,11 @@ def render(timeline: Timeline, *, test_id: str = "") -> str:
         rows.append(f'<text class="words" x="{_LEFT + _WIDTH + 10}" y="{y + _ROW / 2 + 4}">{html.escape(words)}</text>')
     height = _TOP + len(ranks) * _ROW + 30
     axis = _axis(end - t0, scale, _TOP + len(ranks) * _ROW)
-    return _page(timeline, test_id, _headline(timeline), "\n".join(rows + axis), height)
+    return _page(timeline, test_id, _headline(timeline), "\n".join([*rows, *axis]), height)
 
 
 def _headline(timeline: Timeline) -> str:
-    first = first_failure(timeline)
+    first = timeline.first_failure()
     if first is not None:
         return f"rank {first.rank} ({first.name}) failed first: {first.phase} exited {first.code}"
     hung = [s for s in timeline.spans if state(s) == "running"]

@@ -153,7 +153,16 @@ def test_next_run_reaps_clusters_of_a_killed_run(pytester: pytest.Pytester, sky_
     assert set(links) <= link_names()
     assert processes_mentioning(f"{sky_home}/clusters/{name}/")
 
-    after = pytester.makepyfile(test_after="def test_nothing():\n    pass\n")
+    # A run that asks for no cluster leaves everything alone (the plugin is silent until asked).
+    quiet = pytester.makepyfile(test_quiet="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess(str(quiet))
+    result.assert_outcomes(passed=1)
+    assert "reaped" not in result.stdout.str()
+    assert set(links) <= link_names()
+    # The next run that asks for one reaps it first, and says so in its summary.
+    after = pytester.makepyfile(
+        test_after="import pytest\n\n@pytest.mark.multinode(num_nodes=2)\ndef test_asks(sky_cluster):\n    pass\n"
+    )
     result = pytester.runpytest_subprocess(str(after))
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"pytest-sky: reaped 1 cluster(s) left by a killed run: {name}"])

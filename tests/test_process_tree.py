@@ -196,7 +196,7 @@ def test_a_process_that_keeps_forking_is_stopped_with_all_it_started(cluster):
 
 
 # The rank supervisor above this shell, and how many of its children are forks of it (its
-# lifeline's reader, psky-rank by its arguments); the check runs in between, as a child.
+# lifeline's reader and its stderr's, psky-rank by their arguments); the check runs in between, as a child.
 _SUPERVISOR_FORKS = r"""
 sup=$$
 is_rank() { tr '\0' '\n' <"/proc/$1/cmdline" | grep -x psky-rank >/dev/null; }  # not -q: no EPIPE for tr
@@ -218,7 +218,8 @@ def test_the_leftover_check_spares_its_own_supervisor(first_run_cluster):
 
     res = first_run_cluster.run(f"CHECK={shlex.quote(LEFTOVER_CHECK)}\n{_SUPERVISOR_FORKS}")
     assert res.returncode == 0, res.output
-    assert [r.stdout.split() for r in res.ranks] == [["before", "1", "after", "1"]] * 2, res.output
+    # Two forks: the lifeline's reader and the reader of the rank's stderr, both spared.
+    assert [r.stdout.split() for r in res.ranks] == [["before", "2", "after", "2"]] * 2, res.output
 
 
 # An "agent" (by its arguments) running the check, with a child that still has the agent's

@@ -14,6 +14,7 @@ import pytest
 
 import pytest_sky
 from pytest_sky.job import JobStatus
+from tests.contract import JOB_FAILS_WITHIN_S, within_promise
 from tests.leftovers import our_links, processes_mentioning
 
 SCRIPT = str(Path(sys.executable).with_name("pytest-sky"))
@@ -30,7 +31,8 @@ def test_killed_head_agent_fails_the_job_and_stops_every_rank(home: Path):
         start = time.monotonic()
         c.run(f'[ "$SKYPILOT_NODE_RANK" = 0 ] && kill -9 {agent_pid}; true')
         assert job.wait(15) == JobStatus.FAILED
-        assert time.monotonic() - start < 5
+        took = time.monotonic() - start
+        assert took < JOB_FAILS_WITHIN_S, within_promise(took)
         assert "agent died" in job.error
         deadline = time.monotonic() + 10
         while True:  # its ranks lose their lifeline and stop
@@ -114,7 +116,10 @@ def test_xdist_worker_crash_is_cleaned_up_by_the_next_run(pytester: pytest.Pytes
     # The crashed worker's cluster is recorded (unless a replacement worker reaped it already).
     left = [json.loads(p.read_text())["name"] for p in (home / "clusters").glob("*/record.json")]
     assert all("crash" in name for name in left)
-    pytester.makepyfile(test_second="def test_nothing():\n    pass\n")
+    # The next run that asks for a cluster reaps it first (one that asks for none touches nothing).
+    pytester.makepyfile(
+        test_second="import pytest\n\n@pytest.mark.multinode\ndef test_asks(sky_cluster):\n    pass\n"
+    )
     again = pytester.runpytest_subprocess("test_second.py", "-p", "no:cacheprovider")
     if left:
         again.stdout.fnmatch_lines([f"*reaped 1 cluster(s) left by a killed run: {left[0]}*"])

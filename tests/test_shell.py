@@ -63,6 +63,7 @@ MARKER_LIKE = re.compile(r"psky[\w-]*|PSKY[\w-]*|[\w.-]+\.pyz")
 SPELLED = {
     shell.RANK_SUPERVISOR: {
         shell.PID_MARK,
+        shell.STDERR_WORD,
         shell.JOB_SCOPE_VAR,
         shell.JOB_SCOPE_PREFIX,
         shell.CGROUP_PREFIX,  # its own $0 is RANK_ARGV0, given by the agent's command line

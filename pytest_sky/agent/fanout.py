@@ -28,6 +28,10 @@ from pytest_sky.protocol import (
     to_json,
 )
 
+TYPE_CHECKING = False  # typing's own would cost its import on the agent's every run
+if TYPE_CHECKING:
+    import threading
+
 
 # The lines sky's job driver writes into a job's log (so ``sky launch`` streams them and ``sky
 # logs`` replays them): while the job waits for its turn, once it has it, and when its setup
@@ -87,7 +91,7 @@ def _run_phase(
     spec: RunSpec,
     env_for,
     emitter: Emitter,
-    cancelled: threading.Event,  # noqa: F821
+    cancelled: threading.Event,
 ) -> tuple[list[int], int, str | None, list[Rank]]:
     """Run one phase on every rank; the first failure stops the others.  The exit codes, the
     phase's, why it failed, and the rank that failed first (in a list: empty where none did)."""

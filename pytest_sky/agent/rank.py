@@ -24,7 +24,7 @@ from pytest_sky.agent.child import Child
 from pytest_sky.agent.records import Emitter
 from pytest_sky.masking import mask
 from pytest_sky.naming import line_prefix
-from pytest_sky.protocol import LineEvent, NodeRef, RunSpec, StartEvent
+from pytest_sky.protocol import STDERR, STDOUT, LineEvent, NodeRef, RunSpec, StartEvent
 
 TYPE_CHECKING = False  # typing's own would cost its import on the agent's every run
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ STOP_GRACE_SECONDS = 2.0
 #: The supervisor's text, passed to ``bash -c`` (read once per agent process).
 RANK_SUPERVISOR = shell.script(shell.RANK_SUPERVISOR)
 PID_MARK = shell.PID_MARK.encode() + b" "
+ERR_MARK = shell.STDERR_MARK.encode()
 
 #: What setup must not see unless the task's own envs set it: SkyPilot runs setup outside
 #: any GPU allocation (its env_check example fails setup when the variable is set at all).
@@ -334,10 +335,19 @@ class Rank:
         return line_prefix(node.rank, node.name, pid, node.ip, self.spec.num_nodes, self.spec.task_name, setup)
 
     def _emit(self, raw: bytes, prefix: str) -> None:
+        """One line of the rank's: stderr's carry the supervisor's mark (where a stdout line
+        had not ended when a stderr line came, the mark is inside it: the part before it is
+        stdout's).  Both go to the merged log with the same prefix."""
+        stream = STDOUT
+        cut = raw.find(ERR_MARK)
+        if cut >= 0:
+            if cut:
+                self._emit(raw[:cut], prefix)
+            raw, stream = raw[cut + len(ERR_MARK) :], STDERR
         text = raw.decode("utf-8", "replace")
         if self.masks:  # here, where the output is first read: every record of it is masked
             text = mask(text, self.masks)
-        self._events.append(LineEvent(self.rank, text))
+        self._events.append(LineEvent(self.rank, text, stream))
         self._logged.append(prefix + text + "\n")
 
     def _flush(self) -> None:

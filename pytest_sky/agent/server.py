@@ -17,9 +17,10 @@ is who may ssh to the node, gets any further.  Then one request:
   stdin and stdout, and its lifeline);
 - ``rank NONCE LENGTH``: a rank, LENGTH bytes of program following (in clear: a run that
   holds a secret reaches its workers over ssh instead, DESIGN.md section 4d), which the rank's
-  bash gets in its environment: the connection becomes the rank's stdout and its lifeline,
-  and the output ends with ``PSKY-EXIT NONCE <exit code>``
-  (:data:`~pytest_sky.protocol.EXIT_MARK`).  The server supervises the rank itself
+  bash gets in its environment: the connection becomes the rank's stdout (its stderr's lines
+  relayed onto it behind ``shell.STDERR_MARK``) and its lifeline, and the output ends with
+  ``PSKY-EXIT NONCE <exit code>`` (:data:`~pytest_sky.protocol.EXIT_MARK`).  The server
+  supervises the rank itself
   (:mod:`~pytest_sky.agent.supervisor`); where pidfds are refused, it spawns the bash rank
   supervisor, which keeps the same contract.
 
@@ -176,9 +177,11 @@ class _Doorman:
         #: Where this kernel (and a pod's seccomp profile) lets the server watch its children
         #: by pidfd, it supervises each rank itself; elsewhere each rank has its bash supervisor.
         self.pidfds = pidfds
-        #: The ranks it supervises, by their bash's pidfd and by their connection.
+        #: The ranks it supervises, by their bash's pidfd, by their connection and by the
+        #: read end of their stderr.
         self.ranks: dict[int, Supervised] = {}
         self.lifelines: dict[int, Supervised] = {}
+        self.stderrs: dict[int, Supervised] = {}
         #: The pidfds of its forked runs, reaped here once readable.
         self.forks: set[int] = set()
         self.made = itertools.count()
@@ -187,9 +190,9 @@ class _Doorman:
 
     def forever(self) -> None:
         while True:
-            for fd, _ in self.epoll.poll(self._timeout()):
+            for fd, mask in self.epoll.poll(self._timeout()):
                 try:
-                    self._event(fd)
+                    self._event(fd, mask)
                 except Exception:  # noqa: BLE001 - a failure ends that connection only, said in the log
                     import traceback
 
@@ -210,16 +213,24 @@ class _Doorman:
             return -1
         return max(0.0, min(due) - time.monotonic())
 
-    def _event(self, fd: int) -> None:
+    def _event(self, fd: int, mask: int) -> None:
         if fd == self.listener.fileno():
             self._admit()
         elif fd in self.ranks:
             rank = self.ranks[fd]
             rank.ended()
             self._settle(rank)
+        elif fd in self.stderrs:
+            rank = self.stderrs[fd]
+            if rank.stderr():
+                self._unwatch_stderr(rank)
+            self._settle(rank)
         elif fd in self.lifelines:
             rank = self.lifelines[fd]
-            rank.lifeline()
+            if mask & select.EPOLLOUT:
+                rank.push()
+            if mask & ~select.EPOLLOUT:
+                rank.lifeline()
             self._settle(rank)
         elif fd in self.forks:
             self.epoll.unregister(fd)
@@ -229,9 +240,12 @@ class _Doorman:
             self._hear(self.callers[fd])
 
     def _settle(self, rank: Supervised) -> None:
-        """After an event of a rank: watch again what may say more (both are one-shot: a
-        reaped bash's pidfd and a closed connection stay readable); let it all go once done."""
+        """After an event of a rank: watch again what may say more (the pidfd and the
+        connection are one-shot: a reaped bash's pidfd and a closed connection stay
+        readable); the connection for room while a backlog waits, and the stderr pipe only
+        while none does; let it all go once done."""
         if rank.done:
+            self._unwatch_stderr(rank)
             self.epoll.unregister(rank.pidfd)
             self.epoll.unregister(rank.conn.fileno())
             del self.ranks[rank.pidfd]
@@ -240,8 +254,19 @@ class _Doorman:
             return
         if rank.code is None:
             self.epoll.modify(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
-        if not rank.stopping:
-            self.epoll.modify(rank.conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
+        events = select.EPOLLOUT if rank.backlog else 0
+        if not rank.stopping and not rank.finished:
+            events |= select.EPOLLIN | select.EPOLLRDHUP
+        if events:
+            self.epoll.modify(rank.conn.fileno(), events | select.EPOLLONESHOT)
+        if rank.err in self.stderrs:
+            self.epoll.modify(rank.err, 0 if rank.backlog else select.EPOLLIN)
+
+    def _unwatch_stderr(self, rank: Supervised) -> None:
+        if rank.err in self.stderrs:
+            self.epoll.unregister(rank.err)
+            del self.stderrs[rank.err]
+            rank.close_stderr()
 
     def _admit(self) -> None:
         try:
@@ -326,8 +351,10 @@ class _Doorman:
                 return
             self.ranks[rank.pidfd] = rank
             self.lifelines[conn.fileno()] = rank
+            self.stderrs[rank.err] = rank
             self.epoll.register(rank.pidfd, select.EPOLLIN | select.EPOLLONESHOT)
             self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
+            self.epoll.register(rank.err, select.EPOLLIN)
             return
         env = program_env(caller.program.decode("utf-8", "surrogateescape"))
         mark = f"{EXIT_MARK} {caller.mark}"
@@ -355,7 +382,7 @@ class _Doorman:
             # here would never see its end.
             self.epoll.close()
             self.listener.close()
-            for fd in [*self.ranks, *self.lifelines, *self.forks, *self.callers]:
+            for fd in [*self.ranks, *self.lifelines, *self.stderrs, *self.forks, *self.callers]:
                 os.close(fd)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -7,7 +7,7 @@ import importlib.util
 
 from pytest_sky import registry
 from pytest_sky.backends.base import Backend
-from pytest_sky.errors import BackendUnavailableError, SkyError
+from pytest_sky.errors import BackendUnavailableError
 
 
 def get_backend(name: str, **options: object) -> Backend:
@@ -27,17 +27,3 @@ def get_backend(name: str, **options: object) -> Backend:
     module_name, _, class_name = entry.factory.partition(":")
     backend_class = getattr(importlib.import_module(module_name), class_name)
     return backend_class(**{k: v for k, v in options.items() if v is not None})
-
-
-def mode_of(name: str) -> str:
-    """How the backend called ``name`` runs on this machine, for the report header: the local
-    one says ``rootless`` where it runs as an ordinary user; "" otherwise, and where it cannot
-    run at all (its first launch says why, in one line)."""
-    if registry.lookup(name).name != "local":
-        return ""
-    from pytest_sky.backends import netns
-
-    try:
-        return netns.local_mode().value if netns.local_mode() is netns.LocalMode.ROOTLESS else ""
-    except SkyError:
-        return ""

@@ -43,7 +43,7 @@ try:
     from pytest_sky.backends import netlink
 except ImportError:  # run as the program it is: from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import netlink
+    import netlink  # type: ignore[import-not-found,no-redef]
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000

@@ -223,7 +223,7 @@ class KubeClient:
         from kubernetes import client
 
         info = client.VersionApi(self.api().api_client).get_code(_request_timeout=30)
-        major, minor = re.match(r"\d*", info.major or "")[0], re.match(r"\d*", info.minor or "")[0]
+        major, minor = re.match(r"\d*", info.major or "")[0], re.match(r"\d*", info.minor or "")[0]  # type: ignore[index]
         return (int(major), int(minor)) if major and minor else None
 
     @staticmethod

@@ -26,7 +26,7 @@ matches neither (tokens, not substrings).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: GPU feature discovery's label: the key used when nothing else is known.
@@ -113,7 +113,9 @@ def gpu_key(nodes: Iterable[Mapping[str, str]] | None, configured: str | None) -
     return next((k for k in KNOWN_GPU_LABELS if k in seen), None)
 
 
-def gpu_selector(accelerator: str, nodes: list[Mapping[str, str]] | None, configured: str | None) -> GpuSelector | None:
+def gpu_selector(
+    accelerator: str, nodes: Sequence[Mapping[str, str]] | None, configured: str | None
+) -> GpuSelector | None:
     """The node affinity that keeps ``accelerator`` pods on nodes with that GPU (None: no
     node label names GPU products, see :func:`gpu_key`).
 

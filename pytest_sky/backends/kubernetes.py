@@ -180,7 +180,7 @@ class KubernetesBackend(Backend):
         refusal is one line naming the object refused (``kube_errors.creation_refused``)."""
         api, name, ns, launch = self.client.api(), config.name, self.namespace, record.launch or ""
         files = kube_files.secret_files(config)
-        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None
+        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None  # type: ignore[arg-type]
         placement = manifests.Placement(gpu=self._gpu_selector(config.resources))
         ref = ObjectRef("Secret", manifests.secret_name(name))
         try:
@@ -191,7 +191,7 @@ class KubernetesBackend(Backend):
             for rank in range(config.num_nodes):
                 ref = ObjectRef("Pod", manifests.pod_name(name, rank))
                 placement, spec = self._create_pod(
-                    lambda p, rank=rank: manifests.pod(
+                    lambda p, rank=rank: manifests.pod(  # type: ignore[misc]
                         name,
                         rank,
                         ns,

@@ -29,7 +29,7 @@ try:
     from pytest_sky.backends import netlink
 except ImportError:  # run as a program of its own (python -I nfdelay.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import netlink
+    import netlink  # type: ignore[import-not-found,no-redef]
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3

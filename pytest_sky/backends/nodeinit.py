@@ -45,9 +45,9 @@ try:
     from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import confine
-    import netlink
-    from nodeinit_protocol import Launch, NodePlan, Report, Stage
+    import confine  # type: ignore[import-not-found,no-redef]
+    import netlink  # type: ignore[import-not-found,no-redef]
+    from nodeinit_protocol import Launch, NodePlan, Report, Stage  # type: ignore[import-not-found,no-redef]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000

@@ -28,7 +28,7 @@ try:
     from pytest_sky.backends import confine
 except ImportError:  # imported by nodeinit.py run as a program: from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import confine
+    import confine  # type: ignore[import-not-found,no-redef]
 
 
 class ProtocolError(Exception):

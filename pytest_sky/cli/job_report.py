@@ -54,7 +54,7 @@ def sky_status(status: JobStatus | str, failed_phase: FailedPhase | str | None =
     """The status as sky writes it: a job that failed in its setup is ``FAILED_SETUP``, one
     whose agent died (its cluster stopped, say) ``FAILED_DRIVER``."""
     if status == JobStatus.FAILED and failed_phase in FAILED_WORDS:
-        return FAILED_WORDS[failed_phase]
+        return FAILED_WORDS[FailedPhase(failed_phase)]
     return str(status)
 
 
@@ -125,6 +125,6 @@ def follow(cluster, job, *, tail: int = 0) -> int:
     print(finished(status, job.info().get("failed_phase")), flush=True)
     if status not in LIVE and status != JobStatus.SUCCEEDED:
         result = job.result()
-        if result is not None and result.error:
+        if result.error:
             console.error(f"job {job.id}: {result.error}")
     return JobExitCode.of(status)

@@ -29,6 +29,11 @@ AGENT_PID_FILE = ".sky/agent.pid"
 RANK_ARGV0 = "psky-rank"
 #: The first line a supervisor prints, followed by the pid of the rank's process group leader.
 PID_MARK = "PSKY-PID"
+#: What a supervisor writes before each line of the rank's stderr, on the one stream that
+#: carries both (the connection, ssh's stdout): the head tells the streams apart by it and
+#: takes it off.  A control character first: no program's own line starts that way by chance.
+STDERR_WORD = "PSKY-ERR"
+STDERR_MARK = f"\x1e{STDERR_WORD} "
 #: The environment variable that carries a job's token to each of its processes (where
 #: cgroups are read-only), and the leftover check's own token.
 JOB_SCOPE_VAR = "PSKY_JOB_SCOPE"
@@ -59,6 +64,7 @@ MARKERS = (
     AGENT_PID_FILE,
     RANK_ARGV0,
     PID_MARK,
+    STDERR_WORD,
     JOB_SCOPE_VAR,
     RUN_AGENT_VAR,
     JOB_SCOPE_PREFIX,
@@ -80,7 +86,8 @@ def script(name: str) -> str:
     Read through this module's loader, which is a zipimporter inside the agent's bundle and
     the file system elsewhere: ``importlib.resources`` would do the same at the cost of
     importing ``pathlib`` and ``zipfile`` on every run of the agent."""
-    text = __loader__.get_data(os.path.join(os.path.dirname(__file__), name)).decode()
+    text = __loader__.get_data(  # type: ignore[name-defined]
+        os.path.join(os.path.dirname(__file__), name)).decode()
     return _without_header(text)
 
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Run as a command on every node by pytest_sky.plugin.missing_on_nodes, after
+# Run as a command on every node by pytest_sky.node_needs.missing_on_nodes, after
 # `set -- ARG...`: each ARG is a command that must be on PATH, or py:MODULE, a module that
 # python3 must import.  Prints "MISSING <name>" for each one that is not there, asked on the
 # node itself: a Kubernetes image need not have what the client machine has.

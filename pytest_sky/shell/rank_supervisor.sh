@@ -35,8 +35,12 @@
 exec 3<&0
 # The supervisor says nothing of its own: what bash would print (job control's notices that
 # a job is done) would reach a user's terminal through an exec'd run's channel, or an error
-# line that ssh's stderr carries.  PROGRAM's stderr joins its stdout (2>&1 below).
+# line that ssh's stderr carries.  PROGRAM's stderr goes to a reader of its own, which
+# writes each line to stdout behind the mark that tells the head it is stderr's
+# (pytest_sky.shell.STDERR_MARK); its last line is out before the exit status is.
 exec 2>/dev/null
+exec 4> >(exec 3<&-; while IFS= read -r l || [ -n "$l" ]; do printf '\036PSKY-ERR %s\n' "$l"; done)
+marker=$!
 stop=
 trap stop=1 USR1
 cg=${2:-} own=${3:-} r=''
@@ -93,15 +97,16 @@ started() {  # PROGRAM's group is past its pid line, or gone.  Until it exec'd P
 set -m
 (
   trap t=1 TERM
-  exec 3<&- </dev/null
+  exec 3<&- 4>&- </dev/null
   [ -z "$cg" ] || { echo "$BASHPID" >"$cg/cgroup.procs" || rmdir "$cg"; } 2>/dev/null
   echo "PSKY-PID $BASHPID"; trap - TERM; [ -z "$t" ] || exit 143
   # shellcheck disable=SC2016  # PROGRAM's bash expands the variable, not this one
   PSKY_JOB_SCOPE=$tag exec /bin/bash -c 'eval "unset PSKY_PROGRAM; $PSKY_PROGRAM"'
-) 2>&1 &
+) 2>&4 &
 pid=$!
 unset PSKY_PROGRAM
 set +m
+exec 4>&-
 [ -z "$cg" ] || echo "$pid" 2>/dev/null >"$cg/cgroup.procs"  # in before the lifeline can act
 { while read -r _; do :; done; kill -USR1 $$; started; signal TERM; settle 50; signal KILL; settle 100 KILL; } <&3 >/dev/null 2>&1 &
 life=$!
@@ -115,6 +120,7 @@ else
   signal KILL; settle 100 KILL; kill "$life"
 fi
 } >/dev/null 2>&1
+wait "$marker"
 # Started by a worker's agent server, which has no exit status to pass on: the output ends
 # with the mark it was given, then the status (every process of the job is gone by now).
 [ -z "$1" ] || printf '\n%s %s\n' "$1" "$((code & 255))"

@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"pytest-sky proxy: cannot reach {args.namespace}/{args.pod}:{args.port}: {reason}\n")
         return 255
     try:
-        return kube_dial.relay(forward.socket)
+        return kube_dial.relay(forward.socket)  # type: ignore[arg-type]
     except (OSError, ValueError) as exc:
         error = forward.error()
         sys.stderr.write(f"pytest-sky proxy: port-forward to {args.pod} dropped: {error or exc}\n")

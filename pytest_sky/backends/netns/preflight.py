@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pytest_sky.backends.netns.links import LINK_PREFIX
 from pytest_sky.errors import BackendUnavailableError
+from pytest_sky.procs import holds_root_caps
 
 
 def _find(needed: dict[str, str], who: str, hint: str = "") -> dict[str, str]:
@@ -32,19 +33,6 @@ def require_tools() -> dict[str, str]:
 def rootless_tools() -> dict[str, str]:
     """What starting rootless nodes takes besides :func:`require_tools`."""
     return _find({"nsenter": "util-linux"}, "rootless nodes need")
-
-
-def holds_root_caps() -> bool:
-    """This process may make namespaces and links on the host: CAP_NET_ADMIN and CAP_SYS_ADMIN."""
-    cap_eff = 0
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                cap_eff = int(line.split()[1], 16)
-    except OSError:
-        pass
-    net_admin, sys_admin = 1 << 12, 1 << 21
-    return bool(cap_eff & net_admin and cap_eff & sys_admin)
 
 
 def require_privileges() -> None:

@@ -172,7 +172,7 @@ def stop_holder(holder: Holder | None, cluster_dir: Path) -> None:
     ``cluster_dir`` (one started by a launch killed before it wrote the record; the record
     is written the moment the holder has spoken, so there is no other)."""
     alive = holder is not None and holder.alive()
-    procs.kill_and_wait([holder.pid] if alive else holder_processes(str(cluster_dir)))
+    procs.kill_and_wait([holder.pid] if holder is not None and alive else holder_processes(str(cluster_dir)))
 
 
 def holder_processes(cluster_dir: str = "") -> list[int]:
