@@ -17,7 +17,8 @@ a circle), which ``tests/test_layering.py`` checks:
 
 0. errors, naming, procs, locks, protocol, masking, cluster_info, console, shell, registry, interrupts: leaves
    (registry imports only errors, masking only protocol)
-1. resources, task_file, task, script_files, gpus, settings, state: what the user asks for, and what is on disk
+1. resources, task_file, task, script_files, task_tarball, gpus, settings, state: what the user asks for,
+   and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,
    ssh.kube_proxy, ssh.kube_forwarder
 3. backends.base, backends.netlink, backends.confine, backends.nodeinit_protocol, backends.nodeinit,

@@ -34,8 +34,6 @@ from pytest_sky.state import ClusterRecord, Journal, StateStore
 from pytest_sky.task import Task, as_task, check_shared_dir, validate_envs
 
 if TYPE_CHECKING:
-    import tarfile
-
     import paramiko
 
 log = logging.getLogger(__name__)
@@ -378,21 +376,11 @@ class Cluster:
         """Copy the task's workdir, file mounts and long scripts to every node, the same way on
         every backend: one tarball to the head, fanned out from there to every worker over
         head-to-worker SSH."""
-        if not task.workdir and not task.file_mounts and not scripts:
-            return
-        import io
-        import tarfile
+        from pytest_sky import task_tarball  # tarfile's import, for the runs that send files
 
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            if task.workdir:
-                _add_workdir(tar, task.workdir)
-            for remote, local in task.file_mounts.items():
-                tar.add(local, arcname=remote if remote.startswith("~/") else "/" + remote.lstrip("/"))
-            for remote, data in scripts.items():
-                member = tarfile.TarInfo(remote)
-                member.size, member.mode = len(data), 0o600
-                tar.addfile(member, io.BytesIO(data))
+        payload = task_tarball.build(task, scripts)
+        if payload is None:
+            return
         # Member names start with "~/" or "/": unpack ~-members in $HOME, the rest at /.
         workers = " ".join(shlex.quote(ip) for ip in self._record.node_ips[1:])
         transport = self._connection().get_transport()
@@ -400,7 +388,7 @@ class Cluster:
         chan = transport.open_session()
         try:
             chan.exec_command(f"bash -c {shlex.quote(shell.script(shell.SYNC_FILES))} sync {workers}")
-            chan.sendall(buf.getvalue())
+            chan.sendall(payload)
             chan.shutdown_write()
             code = chan.recv_exit_status()
             err = chan.recv_stderr(65536).decode("utf-8", "replace").strip() if chan.recv_stderr_ready() else ""
@@ -472,29 +460,6 @@ def reset_for_next_test(cluster: Cluster) -> None:
 
 
 # ------------------------------------------------------------------------------ provisioning
-
-
-def _add_workdir(tar: tarfile.TarFile, workdir: str) -> None:
-    """The workdir as ``~/sky_workdir``; in a git work tree only what git would keep (tracked
-    and untracked files, not ignored ones), as sky leaves out what ``.gitignore`` names: a
-    virtualenv or build tree in it would otherwise travel to every node."""
-    import subprocess
-
-    try:
-        listed = subprocess.run(
-            ["git", "-C", workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            check=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):  # not a git work tree, or no git: all of it
-        tar.add(workdir, arcname="~/sky_workdir")
-        return
-    tar.add(workdir, arcname="~/sky_workdir", recursive=False)
-    for name in sorted(set(filter(None, listed.decode("utf-8", "surrogateescape").split("\0")))):
-        path = os.path.join(workdir, name)
-        if os.path.lexists(path):  # a tracked file deleted in the work tree is not sent
-            tar.add(path, arcname=f"~/sky_workdir/{name}", recursive=False)
 
 
 def launch(
