@@ -62,9 +62,12 @@ class Kubelet:
         self.kubeconfig: str = ""
 
     def start(self) -> None:
-        """Check this machine can run pods, then lease the cluster's subnet."""
+        """Check this machine can run pods, then lease the cluster's subnet.  The record comes
+        first: the bridge's alias names the instance directory, and a reaper judges the bridge
+        by the owner that directory's record names (one without a record is never judged)."""
         self.network.check()
         self.instance_dir.mkdir(parents=True, exist_ok=True)
+        self.persist()
         self.network.lease(str(self.instance_dir))
         self.persist()
 

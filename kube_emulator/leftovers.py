@@ -3,25 +3,32 @@
 The record (``emulator.json`` in the instance directory) names the emulator's process, its
 bridge and each running pod's node with its veth; an emulator starting on the same state
 directory removes what a dead one left: its pods' processes and links, its bridge, its
-instance directory.  A pod's node is the product's own :class:`~kube_emulator.product.NodeRecord`
-(pids checked against start times, so a recycled pid is never killed), its JSON object
-extended by the veth.
+instance directory.  The emulator's process is the product's own
+:class:`~kube_emulator.product.OwnerProcess` and a pod's node its
+:class:`~kube_emulator.product.NodeRecord` (pids checked against start times, so a recycled
+pid is never killed), their JSON objects extended by the bridge and the veth: the product's
+reaper reads whose a bridge is from the same record, so a dead emulator's bridge goes at the
+next reaper pass of any process on the machine, whatever state directory it used.  That pass
+runs here too, at an emulator's start (``product.reap_stray_bridges``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kube_emulator import product
-from kube_emulator.product import NodeRecord
+from kube_emulator.product import NodeRecord, OwnerProcess
 
-RECORD = "emulator.json"
+RECORD = product.EMULATOR_RECORD
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,21 +51,18 @@ class RecordedNode:
 class EmulatorRecord:
     """An emulator process, its bridge and its pods' nodes, as ``emulator.json`` keeps them."""
 
-    pid: int
-    start_time: int | None
+    owner: OwnerProcess
     bridge: str
     kubeconfig: str
     nodes: tuple[RecordedNode, ...] = ()
 
     @classmethod
     def of_this_process(cls, bridge: str, kubeconfig: str, nodes: tuple[RecordedNode, ...]) -> EmulatorRecord:
-        pid = os.getpid()
-        return cls(pid=pid, start_time=product.start_time(pid), bridge=bridge, kubeconfig=kubeconfig, nodes=nodes)
+        return cls(owner=OwnerProcess.of_this_process(), bridge=bridge, kubeconfig=kubeconfig, nodes=nodes)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "pid": self.pid,
-            "start_time": self.start_time,
+            **self.owner.to_json(),
             "bridge": self.bridge,
             "kubeconfig": self.kubeconfig,
             "nodes": {n.pod: n.to_json() for n in self.nodes},
@@ -66,10 +70,8 @@ class EmulatorRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EmulatorRecord:
-        start = data.get("start_time")
         return cls(
-            pid=int(data.get("pid") or 0),
-            start_time=int(start) if start is not None else None,
+            owner=OwnerProcess.from_json(data),
             bridge=str(data.get("bridge") or ""),
             kubeconfig=str(data.get("kubeconfig") or ""),
             nodes=tuple(RecordedNode.from_json(pod, n) for pod, n in (data.get("nodes") or {}).items()),
@@ -90,16 +92,26 @@ class EmulatorRecord:
             return None
 
 
-def reap_leftovers(state_dir: Path, is_alive: Callable[[int, int | None], bool] = product.is_alive) -> list[str]:
+def reap_leftovers(state_dir: Path) -> list[str]:
     """Remove what emulators that died without tearing down (SIGKILL) left in ``state_dir``:
-    their pods' processes and links, their bridge, their instance directories."""
-    reaped: list[str] = []
-    if not state_dir.is_dir():
-        return reaped
+    their pods' processes and links, their bridge, their instance directories; then, on the
+    whole machine, the bridges of ours whose owner is gone (the product's one rule: another
+    state directory's emulator, a killed test run's cluster)."""
     ip = shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin") or "ip"
+    reaped = _reap_dead_instances(state_dir, ip) if state_dir.is_dir() else []
+    try:
+        with product.link_lock(exclusive=True):
+            reaped += product.reap_stray_bridges(ip)
+    except (product.SkyError, OSError) as exc:  # another's leftover never stops this emulator
+        log.warning("could not reap stray bridges: %s", exc)
+    return reaped
+
+
+def _reap_dead_instances(state_dir: Path, ip: str) -> list[str]:
+    reaped: list[str] = []
     for record_path in state_dir.glob(f"*/{RECORD}"):
         record = EmulatorRecord.read(record_path)
-        if record is None or is_alive(record.pid, record.start_time):
+        if record is None or record.owner.alive():
             continue
         veths = [n.veth for n in record.nodes if n.veth]
         product.delete_links(ip, veths)

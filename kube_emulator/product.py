@@ -15,6 +15,7 @@ from pytest_sky.backends import clusterns, confine, local, netns, privileges
 from pytest_sky.errors import ProvisionError, SkyError
 
 __all__ = [
+    "EMULATOR_RECORD",
     "LINK_PREFIX",
     "NODE_HOME",
     "RUNTIME_DEFAULT_CAPABILITIES",
@@ -22,6 +23,7 @@ __all__ = [
     "NodeProcess",
     "NodeRecord",
     "NodeSpec",
+    "OwnerProcess",
     "ProvisionError",
     "SkyError",
     "bridge_name",
@@ -31,9 +33,11 @@ __all__ = [
     "for_node",
     "is_alive",
     "lease_subnet",
+    "link_lock",
     "node_cgroup",
     "passwd_with_home",
     "reap_nodes",
+    "reap_stray_bridges",
     "require_privileges",
     "require_tools",
     "start_nodes",
@@ -59,6 +63,12 @@ start_nodes = netns.start_nodes
 stop_nodes = netns.stop_nodes
 reap_nodes = netns.reap_nodes
 node_cgroup = netns.node_cgroup
+# Whose a bridge is: the emulator's record names its owner as the product's reaper reads it,
+# and an emulator's start runs that reaper's pass over the machine's bridges.
+OwnerProcess = netns.OwnerProcess
+EMULATOR_RECORD = netns.EMULATOR_RECORD
+link_lock = netns.link_lock
+reap_stray_bridges = netns.reap_stray_bridges
 passwd_with_home = local.passwd_with_home
 
 # A pod's privileges: what the kubernetes backend's securityContext asks a runtime for.

@@ -150,8 +150,8 @@ class EmulatorServer:
         loop = asyncio.get_running_loop()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         reaped = await loop.run_in_executor(None, reap_leftovers, self.state_dir)
-        for path in reaped:
-            log.warning("reaped the leftovers of a dead emulator: %s", path)
+        for what in reaped:
+            log.warning("reaped what a dead owner left: %s", what)
         await self.cluster.start()
         self.seed_role(*self._role)
         app = web.Application(client_max_size=16 * 1024 * 1024)

@@ -23,7 +23,8 @@ a circle), which ``tests/test_layering.py`` checks:
    ssh.kube_proxy, ssh.kube_forwarder
 3. backends.base, backends.netlink, backends.confine, backends.nodeinit_protocol, backends.nodeinit,
    backends.clusterns, backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
-   backends.netns.cgroups, backends.netns.preflight, backends.netns.userns, backends.netns.output, backends.netns.reap,
+   backends.netns.owners, backends.netns.cgroups, backends.netns.preflight, backends.netns.userns,
+   backends.netns.output, backends.netns.reap,
    backends.netns.plans, backends.netns.spawn, backends.netns.faults, backends.nfdelay,
    backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_permissions,
    backends.kube_client,

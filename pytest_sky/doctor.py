@@ -46,7 +46,6 @@ def node_cgroups() -> list[str]:
 
 
 def leftovers(store_root: Path | None = None) -> list[str]:
-    from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
     out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]
@@ -61,7 +60,7 @@ def leftovers(store_root: Path | None = None) -> list[str]:
     try:
         store = StateStore(store_root)
         for record in store.records():
-            if not record.keep and not owner_alive(record):
+            if record.orphaned:
                 out.append(f"record {record.name} (owner pid {record.owner_pid} is gone)")
         out += [f"files {path} (the process that was deleting or using them is gone)" for path in store.stale_trash()]
     except OSError:

@@ -206,18 +206,26 @@ def readdress(backend: Backend, store: StateStore, record: ClusterRecord, info: 
 
 
 def owner_alive(record: ClusterRecord) -> bool:
-    return procs.is_alive(record.owner_pid, record.owner_start_time)
+    """Where callers found it before records answered it themselves (``cluster.owner_alive``)."""
+    return record.owner_alive()
 
 
 def reap(store: StateStore | None = None) -> list[str]:
-    """Tear down clusters whose owner process died (a killed pytest run); returns their names.
+    """Tear down clusters whose owner process died (a killed pytest run), then remove what
+    nothing owns any more (:func:`reap_strays`); returns what went, clusters by name first.
 
     Clusters kept on purpose (``--keep-clusters``, the CLI) are left alone.
     """
     store = store or StateStore()
+    return reap_clusters(store) + reap_strays(store)
+
+
+def reap_clusters(store: StateStore) -> list[str]:
+    """Tear down this state directory's clusters whose owner died and that were not kept;
+    returns their names."""
     reaped = []
     with store.locked():
-        records = [r for r in store.records() if not r.keep and not owner_alive(r)]
+        records = [r for r in store.records() if r.orphaned]
     for record in records:
         try:
             teardown(record, store)
@@ -225,14 +233,15 @@ def reap(store: StateStore | None = None) -> list[str]:
             log.warning("could not reap cluster %s: %s", record.name, exc)
             continue
         reaped.append(record.name)
-    return reaped + reap_strays(store)
+    return reaped
 
 
 def reap_strays(store: StateStore) -> list[str]:
-    """Remove what no record owns: files a killed process was deleting, and local nodes,
-    links and cgroups of this state directory's clusters that lost their record (the
-    directory deleted while they ran, say: ``LocalBackend.reap_stray_links``); what went,
-    as the reaper's report names it."""
+    """Remove what no record owns: files a killed process was deleting, local nodes, links
+    and cgroups of this state directory's clusters that lost their record (the directory
+    deleted while they ran, say), and, machine-wide, bridges of ours whose owner is gone
+    (whichever state directory or emulator it was: ``LocalBackend.reap_stray_links``); what
+    went, as the reaper's report names it."""
     for path in store.stale_trash():  # a process killed while it deleted a cluster's files
         shutil.rmtree(path, ignore_errors=True)
     from pytest_sky.backends.local import LocalBackend

@@ -54,6 +54,9 @@ class _SessionState:
     #: Clusters of killed runs the set-up removed (under xdist the controller gathers the
     #: workers': its summary names them).
     reaped: list[str] = field(default_factory=list)
+    #: What else of killed runs it removed, on the whole machine (bridges whose owner died:
+    #: ``lifecycle.reap_strays``), each as the reaper names it.
+    strays: list[str] = field(default_factory=list)
     #: The test running now (a factory's cluster is named after it).
     current: pytest.Item | None = None
 
@@ -64,8 +67,9 @@ _item_clusters_key = pytest.StashKey[list["Cluster"]]()
 # When the test began (``time.time()``): of the session's other clusters, its report shows
 # those used since then, and their runs since then.
 _item_started_key = pytest.StashKey[float]()
-#: What an xdist worker hands its controller (``workeroutput``): the clusters it reaped.
-_REAPED_OUTPUT = "pytest_sky_reaped"
+#: What an xdist worker hands its controller (``workeroutput``): the clusters it reaped,
+#: and the other leftovers it removed.
+_REAPED_OUTPUT, _STRAYS_OUTPUT = "pytest_sky_reaped", "pytest_sky_strays"
 
 
 def _reported(item: pytest.Item) -> list[Cluster]:
@@ -139,7 +143,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _set_up(state: _SessionState) -> None:
     """The first cluster request of this process, once: SIGTERM becomes what Ctrl-C is (so a
     CI job's cancel tears clusters down), and clusters whose owner died (a run killed with
-    SIGKILL) are reaped before new ones are made."""
+    SIGKILL) are reaped before new ones are made, with whatever else of such runs is left
+    on the machine (``lifecycle.reap_strays``)."""
     if state.ready:
         return
     state.ready = True
@@ -151,12 +156,13 @@ def _set_up(state: _SessionState) -> None:
     import warnings
 
     from pytest_sky.errors import SkyError
-    from pytest_sky.lifecycle import reap
+    from pytest_sky.lifecycle import reap_clusters, reap_strays
     from pytest_sky.state import StateStore
 
     try:
         store = StateStore()
-        state.reaped += reap(store) if store.records() else []
+        state.reaped += reap_clusters(store)
+        state.strays += reap_strays(store)
     except (SkyError, OSError) as exc:
         warnings.warn(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), stacklevel=2)
 
@@ -252,6 +258,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput[_REAPED_OUTPUT] = list(state.reaped)
+        workeroutput[_STRAYS_OUTPUT] = list(state.strays)
 
 
 def _restore_sigterm(state: _SessionState) -> None:
@@ -267,7 +274,9 @@ def pytest_testnodedown(node: Any, error: object) -> None:
     """xdist's controller: a worker ended, with what it reaped (its summary names them)."""
     state = node.config.stash.get(_state_key, None)
     if state is not None:
-        state.reaped += getattr(node, "workeroutput", {}).get(_REAPED_OUTPUT, [])
+        output = getattr(node, "workeroutput", {})
+        state.reaped += output.get(_REAPED_OUTPUT, [])
+        state.strays += output.get(_STRAYS_OUTPUT, [])
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -280,6 +289,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"pytest-sky: reaped {len(state.reaped)} cluster(s) left by a killed run: {', '.join(state.reaped)}"
         )
+    if state.strays:
+        terminalreporter.write_line(f"pytest-sky: removed what killed runs had left: {', '.join(state.strays)}")
     if state.settings.keep_clusters:
         _summarise_kept(terminalreporter, state)
 

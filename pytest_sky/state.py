@@ -99,6 +99,15 @@ class ClusterRecord:
     def node_ips(self) -> list[str]:
         return self.info.ips if self.info is not None else []
 
+    def owner_alive(self) -> bool:
+        return procs.is_alive(self.owner_pid, self.owner_start_time)
+
+    @property
+    def orphaned(self) -> bool:
+        """Its owner is gone and it was not kept on purpose: nobody but a reaper will tear it
+        down (a killed pytest run's, a crashed xdist worker's)."""
+        return not self.keep and not self.owner_alive()
+
     @property
     def node_names(self) -> list[str]:
         return self.info.hostnames if self.info is not None else []
@@ -108,7 +117,10 @@ class ClusterRecord:
 
     @classmethod
     def from_json(cls, text: str) -> ClusterRecord:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClusterRecord:
         known = {f for f in cls.__dataclass_fields__}
         fields = {k: v for k, v in data.items() if k in known}
         if fields.get("info") is not None:
@@ -116,6 +128,22 @@ class ClusterRecord:
         fields["resources"] = ClusterResources.from_dict(fields.get("resources"))
         fields["status"] = ClusterStatus(fields.get("status", ClusterStatus.PROVISIONING))
         return cls(**fields)
+
+
+#: In a cluster's directory: its :class:`ClusterRecord`.
+RECORD = "record.json"
+
+
+def read_record(cluster_dir: Path, *, without_info: bool = False) -> ClusterRecord | None:
+    """The record in ``cluster_dir``; None when there is none, or it is unreadable.
+    ``without_info``: all but what the launch found (``info``), which is all a reaper needs
+    to judge the cluster, and reads a record another version of pytest-sky wrote (whose
+    nodes this one may not read) as well."""
+    try:
+        data = json.loads((cluster_dir / RECORD).read_text())
+        return ClusterRecord.from_dict({**data, "info": None} if without_info else data)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 class Journal:
@@ -172,15 +200,12 @@ class StateStore:
     def save(self, record: ClusterRecord) -> None:
         d = self.cluster_dir(record.name)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = d / "record.json.tmp"
+        tmp = d / (RECORD + ".tmp")
         tmp.write_text(record.to_json())
-        os.replace(tmp, d / "record.json")
+        os.replace(tmp, d / RECORD)
 
     def load(self, name: str) -> ClusterRecord | None:
-        try:
-            return ClusterRecord.from_json((self.cluster_dir(name) / "record.json").read_text())
-        except (OSError, ValueError, TypeError):
-            return None
+        return read_record(self.cluster_dir(name))
 
     def records(self) -> list[ClusterRecord]:
         out = []
@@ -193,7 +218,7 @@ class StateStore:
     def claim(self, record: ClusterRecord) -> bool:
         """Create the record unless the name is taken; False if another cluster has it."""
         with self.locked():
-            if (self.cluster_dir(record.name) / "record.json").exists():
+            if (self.cluster_dir(record.name) / RECORD).exists():
                 return False
             self.save(record)
             return True

@@ -449,6 +449,23 @@ def test_sigkilled_emulator_is_reaped_by_the_next(tmp_path: Path) -> None:
     assert list(state.iterdir()) == []
 
 
+@needs_root
+def test_a_sigkilled_emulators_bridge_goes_when_an_emulator_starts_on_another_state_dir(tmp_path: Path) -> None:
+    """An emulator killed with its pods leaves its bridge, whose alias names an instance
+    directory nobody uses again (a test's temporary state directory): the next emulator to
+    start, on any state directory, removes it, judged by the dead one's record."""
+    kubeconfig, state = tmp_path / "kubeconfig", tmp_path / "state"
+    proc = _start_process(kubeconfig, state, "--nodes", "1")
+    (dead,) = state.iterdir()
+    bridges = [link for link in leftovers(str(dead)) if link.startswith("link ")]
+    assert len(bridges) == 1, bridges  # seen while it lives: once it is dead, any run's reaper may take it
+    proc.kill()
+    proc.wait(10)
+    with Emulator(nodes=1, state_dir=tmp_path / "other"):
+        assert leftovers(str(dead)) == []
+    assert leftovers(str(state)) == []
+
+
 def test_selectors_and_quantities() -> None:
     sel = parse_label_selector("app=sky,role in (head, worker),!gone,rank,tier!=db")
     assert sel.matches({"app": "sky", "role": "head", "rank": "0"})

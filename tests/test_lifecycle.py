@@ -88,7 +88,7 @@ def test_reaping_takes_down_what_a_dead_owner_left_but_never_a_kept_cluster(memo
     import sys
 
     import pytest_sky
-    from pytest_sky.lifecycle import reap
+    from pytest_sky.lifecycle import reap_clusters
     from pytest_sky.state import StateStore
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -98,7 +98,7 @@ def test_reaping_takes_down_what_a_dead_owner_left_but_never_a_kept_cluster(memo
         record = store.load(name)
         assert record is not None
         store.save(dataclasses.replace(record, owner_pid=int(dead.stdout), owner_start_time=None))
-    assert reap(store) == ["orphan"]
+    assert reap_clusters(store) == ["orphan"]
     assert memory_backend.destroyed == ["orphan"]
     assert [r.name for r in store.records()] == ["kept"]
 

@@ -7,6 +7,7 @@ launch their own.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from pytest_sky.backends.local import LocalBackend
 from pytest_sky.errors import ProvisionError, RunTimeoutError, TaskError
 from pytest_sky.state import StateStore
 from tests.leftovers import live_nodes, our_links
-from tests.unprivileged import AS_ROOT_WITHOUT_CAPS, run_python, world_dir
+from tests.unprivileged import AS_NOBODY, AS_ROOT_WITHOUT_CAPS, run_python, world_dir
 
 
 @pytest.fixture(scope="module")
@@ -359,23 +360,81 @@ def test_a_smaller_task_runs_on_the_first_nodes(cluster3):
         cluster3.run(Task(run="true", num_nodes=4))
 
 
-def test_reaper_removes_bridges_no_cluster_owns_and_only_those(sky_home: Path):
-    """A run killed between creating a bridge and recording it leaves a bridge behind."""
+def test_reaper_removes_bridges_no_cluster_owns_and_only_those(sky_home: Path, tmp_path: Path):
+    """A run killed between creating a bridge and recording it leaves a bridge behind; a
+    bridge whose owner lives stays, whichever state directory it is in, and so does one
+    whose directory names no owner at all (nothing proves it dead)."""
     from pytest_sky.cluster import reap_orphans
+    from pytest_sky.state import ClusterRecord
 
     ip = netns.require_tools()["ip"]
-    store = StateStore()
-    orphan, foreign = "psky9990", "psky9991"
-    for name, owner in [(orphan, str(store.cluster_dir("gone"))), (foreign, "/elsewhere/clusters/x")]:
+    store, other = StateStore(), StateStore(tmp_path / "other")
+    me = os.getpid()
+    other.save(ClusterRecord("x", "local", 1, owner_pid=me, owner_start_time=procs.start_time(me)))
+    orphan, foreign, unknown = "psky9990", "psky9991", "psky9992"
+    owners = {orphan: store.cluster_dir("gone"), foreign: other.cluster_dir("x"), unknown: tmp_path}
+    for name, owner in owners.items():
         with netns.link_lock(exclusive=False):  # as creators do: another worker's reaper waits for the alias
             netns.ip_batch(ip, [f"link add {name} type bridge", f"link set {name} up"])  # no address: sends nothing
-            netns.set_alias(name, owner)
+            netns.set_alias(name, str(owner))
     try:
-        reaped = reap_orphans(store)
-        assert f"link {orphan}" in reaped and not netns.link_exists(orphan)
-        assert netns.link_exists(foreign)  # another state directory's, or the emulator's: not ours to judge
+        reap_orphans(store)  # which removed the orphan, this or another run's, is not the point
+        assert not netns.link_exists(orphan)
+        assert netns.link_exists(foreign) and netns.link_exists(unknown)
     finally:
-        netns.delete_links(ip, [orphan, foreign])
+        netns.delete_links(ip, list(owners))
+
+
+def test_a_killed_runs_bridge_goes_at_the_next_reap_of_any_state_directory(tmp_path: Path):
+    """A run SIGKILLed with its nodes (a whole xdist session, say) leaves its bridge, an
+    object of the host's network, with no node on it and an alias naming a state directory
+    nobody uses again (a test's temporary one).  The next reaper pass of another state
+    directory removes it, judged by its owner's liveness: a cluster whose owner lives keeps
+    its bridge though no node is on it (stopped), and so does a kept cluster whose owner died.
+    A rootless process's pass leaves root's bridges alone and does not fail on them."""
+    from pytest_sky.cluster import reap_orphans
+    from pytest_sky.lifecycle import teardown
+
+    dead = StateStore(tmp_path / "dead")
+    code = (  # the bridges are seen while their owner lives: once it is dead, any run's reaper may take them
+        "import os, signal, pytest_sky\n"
+        "from pytest_sky.state import StateStore\n"
+        "from tests.leftovers import our_links\n"
+        "for name, keep in (('killed', False), ('kept', True)):\n"
+        "    pytest_sky.launch(num_nodes=1, name=name, keep=keep).kill_node(0)\n"
+        "    (bridge,) = our_links(StateStore().cluster_dir(name))\n"
+        "    print(name, bridge, len(os.listdir(f'/sys/class/net/{bridge}/brif')), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "PYTEST_SKY_HOME": str(dead.root), "PYTHONPATH": str(Path(__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    seen = {name: bridge for name, bridge, _ in map(str.split, proc.stdout.splitlines())}
+    ports = {name: n for name, _, n in map(str.split, proc.stdout.splitlines())}
+    assert ports == {"killed": "0", "kept": "0"}, proc.stdout  # a bridge each, with no node on it
+    live_store = StateStore(tmp_path / "live")
+    live = pytest_sky.launch(num_nodes=1, name="alive", store=live_store)
+    user_home = world_dir("psky-reaper-")
+    try:
+        live.kill_node(0)  # as `pytest-sky stop` leaves it: its bridge has no node on it
+        killed, kept, alive = dead.cluster_dir("killed"), dead.cluster_dir("kept"), live_store.cluster_dir("alive")
+        assert our_links(kept) == [seen["kept"]]
+        assert len(our_links(alive)) == 1 and not os.listdir(f"/sys/class/net/{our_links(alive)[0]}/brif")
+        bridges = {kept: our_links(kept), alive: our_links(alive)}
+        rootless = run_python(
+            AS_NOBODY,
+            "from pytest_sky.cluster import reap_orphans\nprint(reap_orphans())\n",
+            env={"PYTEST_SKY_HOME": str(user_home)},
+        )
+        assert rootless.returncode == 0 and f"link {seen['killed']}" not in rootless.stdout, rootless
+        reap_orphans(StateStore(tmp_path / "reaper"))
+        assert our_links(killed) == []
+        assert our_links(kept) == bridges[kept] and our_links(alive) == bridges[alive]
+    finally:
+        shutil.rmtree(user_home, ignore_errors=True)
+        live.down()
+        for record in dead.records():
+            teardown(record, dead)
 
 
 def test_the_reaper_neither_takes_nor_reports_a_link_another_teardown_just_deleted(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
-from tests.leftovers import processes_mentioning
+from tests.leftovers import our_links, processes_mentioning
 from tests.plugin_helpers import (
     RECORDER,
     assert_nothing_left,
@@ -170,6 +170,31 @@ def test_next_run_reaps_clusters_of_a_killed_run(pytester: pytest.Pytester, sky_
 
 
 # -------------------------------------------------------------------------------------- xdist
+
+
+@needs_local_backend
+def test_any_run_that_asks_for_a_cluster_removes_a_bridge_a_killed_run_left_elsewhere(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """A run killed with its nodes leaves its bridge, whose alias names a directory of a
+    state directory that is gone since (a test's temporary one): the next run that asks for
+    a cluster removes it, though its own state directory holds no record."""
+    from pytest_sky.backends import clusterns, netns
+    from tests.bridges import IP, free_indexes
+
+    gone = tmp_path / "deleted-state" / "clusters" / "killed"  # never made: as if deleted since
+    index = free_indexes(1)
+    subnet, base = clusterns.subnet_of(index)
+    assert netns.create_bridge(IP, clusterns.bridge_name(index), base + "1", 24, subnet, 1500, str(gone))
+    try:
+        pytester.makepyfile(
+            test_asks="import pytest\n\n@pytest.mark.multinode(num_nodes=1)\ndef test_asks(sky_cluster):\n    pass\n"
+        )
+        result = pytester.runpytest_subprocess()
+        result.assert_outcomes(passed=1)
+        assert our_links(gone) == []
+    finally:
+        netns.delete_links(IP, our_links(gone))
 
 
 @needs_local_backend

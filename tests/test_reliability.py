@@ -90,7 +90,7 @@ def _down_all_removes_what_lost_its_state(home: Path, lost: Path) -> None:
     env["PYTEST_SKY_HOME"] = str(lost)
     down = subprocess.run([SCRIPT, "down", "--all"], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert down.returncode == 0, down.stderr
-    assert "node process" in down.stdout and "removed (no cluster owned it)" in down.stdout, down.stdout
+    assert "node process" in down.stdout and "removed (nothing alive owned it)" in down.stdout, down.stdout
     assert our_links(lost) == [] and processes_mentioning(str(lost)) == []
     doctor = subprocess.run([SCRIPT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert str(lost) not in doctor.stdout, doctor.stdout

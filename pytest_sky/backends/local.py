@@ -265,36 +265,19 @@ class LocalBackend(Backend):
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Nodes and links of clusters of ``clusters_dir`` that lost their record
         (``netns.reap_abandoned``: a launch killed before it recorded them, a state
-        directory deleted while they ran), bridges of ours with no owner at all, and empty
-        node cgroups whose bridge is gone; each as the reaper's report names it.
+        directory deleted while they ran), and bridges of ours that nobody will tear down
+        (``netns.reap_stray_bridges``: no node on them and an owner provably gone, whatever
+        state directory or emulator it was) with the empty node cgroups whose bridge is
+        gone; each as the reaper's report names it.
 
-        An unnamed bridge is seen under the exclusive :func:`netns.link_lock`: creators name
-        their bridges while holding it shared, so one without a name is a creator's that died
-        in between (no timing guesses); one with nodes attached stays.  Whatever is owned by
-        anything else (another state directory, the emulator) stays."""
-        import re
-
-        def unnamed(name: str) -> bool:
-            base = Path("/sys/class/net") / name
-            if not re.fullmatch(rf"{netns.LINK_PREFIX}\d+", name) or any((base / "brif").glob("*")):
-                return False
-            return netns.link_alias(name) == ""  # None: deleted since the listing, by its own teardown
-
+        Under the exclusive :func:`netns.link_lock`: creators name their bridges while
+        holding it shared, so one without a name is a creator's that died in between (no
+        timing guesses).  A bridge whose owner lives stays, whichever state directory it is in."""
         if self.rootless:  # nothing of a rootless cluster is on the host but its holder
             return netns.reap_stray_holders(clusters_dir)
+        ip = netns.require_tools()["ip"]
         with netns.link_lock(exclusive=True):
-            gone = netns.reap_abandoned(netns.require_tools()["ip"], clusters_dir)
-            doomed = [n for n in os.listdir("/sys/class/net") if unnamed(n)]
-            if doomed:
-                netns.delete_links(netns.require_tools()["ip"], doomed)
-        gone += [f"link {n}" for n in doomed]
-        for path in netns.orphaned_cgroups():
-            try:
-                path.rmdir()  # only an empty one: a populated cgroup is a live node's
-                gone.append(f"cgroup {path.name}")
-            except OSError:
-                pass
-        return gone
+            return netns.reap_abandoned(ip, clusters_dir) + netns.reap_stray_bridges(ip)
 
     # -- faults ----------------------------------------------------------------------------
 

@@ -251,7 +251,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Every cluster, or those named; ``-r``, ``-u`` and ``-v`` are sky's and change nothing
     here (every record is read fresh, and one user owns the state directory)."""
-    from pytest_sky.lifecycle import owner_alive
     from pytest_sky.state import StateStore
 
     store = StateStore()
@@ -274,7 +273,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # A rootless local cluster (reached through its namespace holder's door) says so.
         modes.append(" (rootless)" if r.info and r.info.head.route.door else "")
         word = r.status.sky_word if not args.json else str(r.status)
-        status = word if (r.keep or owner_alive(r)) else f"{word} (owner gone)"
+        status = word if not r.orphaned else f"{word} (owner gone)"
         rows.append(
             {
                 "name": r.name,
@@ -463,7 +462,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
         strays = reap_strays(store)
     for what in strays:
-        print(f"{what}: removed (no cluster owned it)")
+        print(f"{what}: removed (nothing alive owned it)")
     if not names and not strays:
         print("no clusters")
     return 0

@@ -29,12 +29,13 @@ The package, by concern (each module imports only those above it in this list):
 - ``nodes``: what a node is before it starts (``NodeSpec``) and once it runs (``NodeProcess``,
   and ``NodeRecord``, the part of it a later process can act on)
 - ``links``: the bridge, veth names, link groups and aliases, and their deletion
+- ``owners``: whose a bridge is (the directory its alias names), and whether that owner lives
 - ``cgroups``: a cgroup per node on the host, and killing through it
 - ``preflight``: the programs, privileges and FORWARD policy a host needs
 - ``output``: reading a helper's stdout by a deadline, tailing a node's log
 - ``userns``: rootless clusters: which mode runs, and each cluster's namespace holder
   (``clusterns.py``), in whose user and network namespaces its nodes start
-- ``reap``: stopping nodes, by pid, cgroup or command line
+- ``reap``: stopping nodes, by pid, cgroup or command line; bridges whose owner is gone
 - ``plans``: each node's ``NodePlan`` (and its layers' directories), made on the host
 - ``spawn``: starting nodes through ``nodeinit.py`` and reading its reports
 - ``faults``: network faults inside a node's namespace, and its packet delayer
@@ -50,6 +51,7 @@ from pytest_sky.backends.netns.cgroups import (
     kill_cgroups,
     node_cgroup,
     orphaned_cgroups,
+    remove_empty_cgroup,
     signal_cgroups,
 )
 from pytest_sky.backends.netns.faults import (
@@ -93,6 +95,7 @@ from pytest_sky.backends.netns.nodes import (
     NodeSpec,
 )
 from pytest_sky.backends.netns.output import tail
+from pytest_sky.backends.netns.owners import EMULATOR_RECORD, OwnerProcess, owner_gone
 from pytest_sky.backends.netns.plans import host_submounts, prepare_layers
 from pytest_sky.backends.netns.preflight import (
     check_forward_policy,
@@ -102,7 +105,14 @@ from pytest_sky.backends.netns.preflight import (
     require_privileges,
     require_tools,
 )
-from pytest_sky.backends.netns.reap import kill_and_wait, node_processes, reap_abandoned, reap_nodes, stop_nodes
+from pytest_sky.backends.netns.reap import (
+    kill_and_wait,
+    node_processes,
+    reap_abandoned,
+    reap_nodes,
+    reap_stray_bridges,
+    stop_nodes,
+)
 from pytest_sky.backends.netns.spawn import NODE_INIT, start_nodes
 from pytest_sky.backends.netns.userns import (
     HOLDER_MARKER,
@@ -121,6 +131,7 @@ from pytest_sky.backends.netns.userns import (
 __all__ = [
     "DELAY_CHAIN",
     "DELAY_QUEUE",
+    "EMULATOR_RECORD",
     "FAULT_CHAINS",
     "HOLDER_MARKER",
     "LINK_GROUP_BASE",
@@ -137,6 +148,7 @@ __all__ = [
     "NodeProcess",
     "NodeRecord",
     "NodeSpec",
+    "OwnerProcess",
     "apply_link_faults",
     "bridge_owned_by",
     "cgroup2_root",
@@ -167,10 +179,13 @@ __all__ = [
     "node_processes",
     "node_user",
     "orphaned_cgroups",
+    "owner_gone",
     "prepare_layers",
     "reap_abandoned",
     "reap_nodes",
+    "reap_stray_bridges",
     "reap_stray_holders",
+    "remove_empty_cgroup",
     "require_privileges",
     "require_tools",
     "routed_networks",

@@ -68,6 +68,21 @@ def make_cgroup(path: Path) -> bool:
     return True
 
 
+def remove_empty_cgroup(path: Path) -> bool:
+    """Remove a cgroup that no process is in, with the cgroups below it (those its node's
+    jobs made), innermost first; False when a process is still in it (a live node's)."""
+    if _populated(path):
+        return False
+    try:
+        for sub in _cgroup_tree(path):
+            sub.rmdir()
+    except FileNotFoundError:
+        return not path.exists()
+    except OSError:
+        return False
+    return True
+
+
 def _populated(path: Path) -> bool:
     """Whether a process (not a zombie) is in the cgroup or below: ``cgroup.events``' key."""
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from pytest_sky import naming, procs
 from pytest_sky.backends import privileges
 from pytest_sky.backends.confine import Confinement
+from pytest_sky.state import RECORD
 
 #: In a node's directory: the output of everything it runs, and its first process's exit code.
 NODE_LOG, NODE_EXIT = "node.log", "node.exit"
@@ -167,4 +168,4 @@ def abandoned(owner: str, clusters_dir: Path) -> bool:
     directory's clusters, or the emulator's, are not this one's to judge."""
     path = Path(owner)
     cluster = path.parent.parent if path.parent.name == "nodes" else path
-    return cluster.parent == clusters_dir and not (cluster / "record.json").exists()
+    return cluster.parent == clusters_dir and not (cluster / RECORD).exists()

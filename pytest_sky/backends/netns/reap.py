@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sky import procs
-from pytest_sky.backends.netns.cgroups import kill_cgroups, node_cgroup, signal_cgroups
+from pytest_sky.backends.netns.cgroups import (
+    kill_cgroups,
+    node_cgroup,
+    orphaned_cgroups,
+    remove_empty_cgroup,
+    signal_cgroups,
+)
 from pytest_sky.backends.netns.links import LINK_PREFIX, delete_cluster_links, delete_links, link_alias
 from pytest_sky.backends.netns.nodes import NODE_MARKER, NodeProcess, NodeRecord, abandoned
+from pytest_sky.backends.netns.owners import owner_gone
 from pytest_sky.procs import kill_and_wait
 
 log = logging.getLogger(__name__)
@@ -103,3 +110,35 @@ def reap_abandoned(ip: str, clusters_dir: Path) -> list[str]:
     kill_cgroups([node_cgroup(n) for n in doomed])
     delete_links(ip, doomed)
     return gone + [f"link {n}" for n in doomed]
+
+
+def reap_stray_bridges(ip: str) -> list[str]:
+    """Delete the bridges of ours that nobody will ever tear down, whoever's they were: no
+    port on them (no node of theirs left) and an owner that is provably gone
+    (:func:`owner_gone`), or no owner named at all (a creator that died between making and
+    naming it); then the empty node cgroups whose bridge is gone (a node's cgroup lives
+    inside its bridge's lifetime); what went, for the reaper's report.  A live owner's
+    bridge stays, ports or not (a stopped cluster's, a launch's before its nodes start), and
+    so does a kept cluster's.  The caller holds the exclusive :func:`link_lock`: creators
+    name their bridges under the shared one, so an unnamed bridge seen here is no creator's
+    at work.  A process that may not delete the host's links (a rootless one) leaves them all."""
+    if not procs.holds_root_caps():
+        return []
+    doomed = []
+    for name in sorted(os.listdir("/sys/class/net")):
+        if not re.fullmatch(rf"{LINK_PREFIX}\d+", name) or _has_ports(name):
+            continue
+        owner = link_alias(name)  # None: deleted since the listing, by its own teardown
+        if owner == "" or (owner and owner_gone(owner)):
+            doomed.append(name)
+    delete_links(ip, doomed)
+    cgroups = [p for p in orphaned_cgroups() if remove_empty_cgroup(p)]  # a populated one is a live node's
+    return [f"link {n}" for n in doomed] + [f"cgroup {p.name}" for p in cgroups]
+
+
+def _has_ports(bridge: str) -> bool:
+    """Whether anything is attached to ``bridge`` (one gone since the listing counts as busy)."""
+    try:
+        return any(os.scandir(f"/sys/class/net/{bridge}/brif"))
+    except OSError:
+        return True
