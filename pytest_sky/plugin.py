@@ -77,20 +77,27 @@ def _reported(item: pytest.Item) -> list[Cluster]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Every row of the settings table is an option here, with its environment twin named."""
+    """Every row of the settings table is an option here, with its environment twin named,
+    and an ini key (``sky_<name>``)."""
     from pytest_sky import settings
 
-    group = parser.getgroup("sky", "pytest-sky: multi-node clusters (each option has a PYTEST_SKY_* twin)")
+    group = parser.getgroup(
+        "sky", "pytest-sky: multi-node clusters (each option has a PYTEST_SKY_* twin and a sky_* ini key)"
+    )
     for option in settings.OPTIONS:
         group.addoption(option.flag, dest=option.dest, default=None, **option.argparse_kwargs(option.env))
+        parser.addini(option.ini, f"pytest-sky: {option.help} (as {option.flag})", default="")
 
 
 def settings_from(config: pytest.Config) -> Settings:
-    """The session's settings: this command line's options over the environment's twins."""
+    """The session's settings: this command line's options over the environment's twins over
+    the ini file's keys."""
     from pytest_sky import settings
 
+    ini = {o.ini: str(config.getini(o.ini)) for o in settings.OPTIONS}
+    where = config.inipath.name if config.inipath is not None else "the ini file"
     try:
-        return settings.resolve(**{o.name: config.getoption(o.dest) for o in settings.OPTIONS})
+        return settings.resolve(ini=ini, ini_file=where, **{o.name: config.getoption(o.dest) for o in settings.OPTIONS})
     except settings.SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
 

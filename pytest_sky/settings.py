@@ -1,16 +1,19 @@
-"""Every setting of pytest-sky, resolved once: command-line option > environment > default.
+"""Every setting of pytest-sky, resolved once: command-line option > environment > ini > default.
 
 The plugin, the CLI and ``pytest_sky.launch`` hand in what their callers said; the
 environment twins (``PYTEST_SKY_*``) are read here and nowhere else (backends take their
 settings as arguments), and each value remembers where it came from, so pytest's report
-header can say why a run went to Kubernetes or kept its clusters.  A task's own
-``resources`` (``infra``, ``image_id``) come between the environment and the default: see
-:meth:`Settings.for_task`.
+header can say why a run went to Kubernetes or kept its clusters.  Under pytest each setting
+also has an ini key (``sky_<name>``, in pytest.ini, pyproject.toml, tox.ini or setup.cfg),
+which the plugin hands in: a project writes its defaults once, a CI job's environment or
+command line still overrides them.  A task's own ``resources`` (``infra``, ``image_id``)
+come between those and the default: see :meth:`Settings.for_task`.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -28,7 +31,21 @@ TASK_SOURCE = "the task's resources"
 DEFAULT_MTU = 65535
 #: Every pod's image when neither --kube-image nor the task's image_id names one.
 DEFAULT_KUBE_IMAGE = "python:3.11-slim-bookworm"
+#: How long an attached run of a test may take when nothing says otherwise: long enough for
+#: torch's imports and a rendezvous on loaded CI machines, short enough that a hung test
+#: says where its ranks wait well before a CI job's own limit kills it silently.
+DEFAULT_RUN_TIMEOUT = 600.0
 _TRUE = ("1", "true", "yes", "on")
+
+
+class Deadline(enum.Enum):
+    """``Cluster.run``'s default ``timeout``: its cluster's ``run_timeout``, which under pytest
+    is the session's ``--sky-run-timeout`` (``None`` means no deadline, on purpose)."""
+
+    SESSION = "the session's run timeout"
+
+
+SESSION_DEADLINE = Deadline.SESSION
 
 
 class SettingsError(SkyError):
@@ -79,6 +96,12 @@ class Option:
         """Its attribute on a parsed command line (prefixed: pytest's namespace is shared)."""
         return "sky_" + self.name
 
+    @property
+    def ini(self) -> str:
+        """Its key in pytest's ini file (``sky_backend``, ``sky_run_timeout``): pytest's ini
+        namespace is shared with every other plugin, hence the prefix."""
+        return self.dest
+
     def argparse_kwargs(self, twin: str | None = None) -> dict[str, Any]:
         """``add_argument``'s keywords for its flag, for pytest's parser and the CLI's alike;
         ``twin`` (the environment variable) is named at the end of the help."""
@@ -102,10 +125,13 @@ class Option:
             return registry.canonical(str(raw))
         if self.kind in (Kind.WHOLE, Kind.SECONDS):
             try:
-                return int(raw) if self.kind is Kind.WHOLE else float(raw)  # type: ignore[arg-type,call-overload]
+                value = int(raw) if self.kind is Kind.WHOLE else float(raw)  # type: ignore[arg-type,call-overload]
             except ValueError:
+                value = -1
+            if value < 0 or not math.isfinite(value):
                 example = "65535" if self.kind is Kind.WHOLE else "600"
                 raise SettingsError(f"{source}={raw!r} is not a {self.kind.value} (e.g. {example})") from None
+            return value
         return raw
 
 
@@ -162,6 +188,12 @@ OPTIONS: tuple[Option, ...] = (
         Kind.SWITCH, on_cli=False,
     ),
     Option(
+        "run_timeout", "--sky-run-timeout",
+        "seconds an attached run of a test may take; then pytest-sky reports where every rank waits and stops them "
+        f"(default {DEFAULT_RUN_TIMEOUT:g}; 0: no deadline; run(timeout=...) sets one run's)",
+        Kind.SECONDS, metavar="SECONDS", unset=f"{DEFAULT_RUN_TIMEOUT:g}", on_cli=False,
+    ),
+    Option(
         "mtu", "--sky-mtu", f"MTU of local cluster links (default {DEFAULT_MTU})", Kind.WHOLE, metavar="MTU",
         backend="local", keyword="mtu", unset=str(DEFAULT_MTU),
     ),
@@ -185,8 +217,18 @@ class Settings:
     #: The node label naming GPU products (None: the first known key the nodes carry, else
     #: GPU feature discovery's ``nvidia.com/gpu.product``; ``backends.kube_policy``).
     kube_gpu_label: str | None = None
-    #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND`` or ``default``.
+    #: Seconds an attached run in a pytest session may take (None: the default; 0: none).
+    run_timeout: float | None = None
+    #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND``, ``sky_backend in
+    #: pytest.ini`` or ``default``.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def run_deadline(self) -> float | None:
+        """The seconds a test's attached run gets when it names none (None: no deadline)."""
+        if self.run_timeout is None:
+            return DEFAULT_RUN_TIMEOUT
+        return self.run_timeout or None
 
     def backend_options(self) -> dict[str, Any]:
         """The keyword arguments of the chosen backend's constructor: its options that are set."""
@@ -197,7 +239,7 @@ class Settings:
         }
 
     def given(self, name: str) -> bool:
-        """The command line or the environment set it (not the default, not a task)."""
+        """The command line, the environment or the ini file set it (not the default, not a task)."""
         return self.sources.get(name, "default") not in ("default", TASK_SOURCE)
 
     def for_task(self, resources: Resources) -> tuple[Settings, list[str]]:
@@ -205,7 +247,7 @@ class Settings:
         user on what the task asked for and does not get.
 
         A task's ``infra: kubernetes`` (``k8s/CONTEXT``) runs there and ``infra: local`` here,
-        unless the command line or environment chose a backend; its ``image_id`` is the
+        unless the command line, environment or ini file chose a backend; its ``image_id`` is the
         pods' image unless ``--kube-image`` says otherwise.  Local nodes run this machine's
         own software, so an ``image_id`` there is noted, not used.
         """
@@ -265,30 +307,42 @@ def state_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get(ENV_PREFIX + "HOME") or "~/.pytest_sky").expanduser().resolve()
 
 
-def resolve(*, environ: Mapping[str, str] | None = None, **given: object) -> Settings:
+def resolve(
+    *,
+    environ: Mapping[str, str] | None = None,
+    ini: Mapping[str, str] | None = None,
+    ini_file: str | None = None,
+    **given: object,
+) -> Settings:
     """The effective settings, from the command line's values (keyword per :data:`OPTIONS` row;
-    None: not given) and the environment's twins.
+    None: not given), the environment's twins and the ini file's keys (``ini``, by
+    :attr:`Option.ini`, as pytest read them from ``ini_file``; empty: not set).
 
-    ``--kubernetes`` is ``--backend kubernetes``; within the command line and within the
-    environment, the ``kubernetes`` switch wins over a ``backend`` name.
+    ``--kubernetes`` is ``--backend kubernetes``; at the same level (command line, environment,
+    ini) the ``kubernetes`` switch wins over a ``backend`` name, and a higher level wins over
+    a lower one whichever of the two it sets.
     """
     unknown = sorted(set(given) - set(_BY_NAME))
     if unknown:
         raise TypeError(f"resolve() got unknown settings {unknown}")
     env = os.environ if environ is None else environ
+    ini = ini or {}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    levels: dict[str, int] = {}
     for option in OPTIONS:
-        raw = given.get(option.name)
-        source = option.flag
-        if raw is None:
-            raw, source = env.get(option.env) or None, option.env
-        if raw is not None:
-            values[option.name] = option.parse(raw, source)
-            sources[option.name] = source
+        found = [
+            (given.get(option.name), option.flag),
+            (env.get(option.env) or None, option.env),
+            (ini.get(option.ini) or None, f"{option.ini} in {ini_file or 'the ini file'}"),
+        ]
+        for level, (raw, source) in enumerate(found):
+            if raw is not None:
+                values[option.name] = option.parse(raw, source)
+                sources[option.name], levels[option.name] = source, level
+                break
     switch = "kubernetes" in values and values.pop("kubernetes")
     switch_source = sources.pop("kubernetes", None)
-    backend_from_cli = sources.get("backend") == "--backend"
-    if switch and not (backend_from_cli and switch_source != "--kubernetes"):
+    if switch and levels["kubernetes"] <= levels.get("backend", len(found)):
         values["backend"], sources["backend"] = "kubernetes", str(switch_source)
     return Settings(**values, sources=sources)

@@ -1,4 +1,4 @@
-"""Settings: option > environment > default, resolved in one place, each value with its source."""
+"""Settings: option > environment > ini > default, resolved in one place, each value with its source."""
 
 from __future__ import annotations
 
@@ -80,9 +80,64 @@ def test_report_header_shows_each_setting_and_its_source(
         "keep_clusters=False (from default)",
         "artifacts=(off) (from default)",
         "artifacts_all=False (from default)",
+        "run_timeout=600 (from default)",
         "mtu=9000 (from PYTEST_SKY_MTU)",
     ]
     result.stdout.fnmatch_lines(["pytest-sky: " + ", ".join(parts)])
+
+
+def test_every_setting_has_an_ini_key_below_the_environment() -> None:
+    """Command line > environment > ini > default, for every row of the table."""
+    ini = {o.ini: "" for o in settings.OPTIONS}
+    ini.update(sky_mtu="1500", sky_keep_clusters="true", sky_run_timeout="30", sky_kube_namespace="from-ini")
+    s = resolve(environ={}, ini=ini, ini_file="pytest.ini")
+    assert (s.mtu, s.keep_clusters, s.run_timeout, s.kube_namespace) == (1500, True, 30.0, "from-ini")
+    assert s.sources["run_timeout"] == "sky_run_timeout in pytest.ini"
+    assert "run_timeout=30.0 (from sky_run_timeout in pytest.ini)" in s.describe()
+    s = resolve(environ={"PYTEST_SKY_MTU": "9000", "PYTEST_SKY_RUN_TIMEOUT": "45"}, ini=ini, run_timeout="15")
+    assert (s.mtu, s.sources["mtu"]) == (9000, "PYTEST_SKY_MTU")
+    assert (s.run_timeout, s.sources["run_timeout"]) == (15.0, "--sky-run-timeout")
+    assert {o.ini for o in settings.OPTIONS} == {f"sky_{o.name}" for o in settings.OPTIONS}
+
+
+def test_the_kubernetes_switch_and_a_backend_name_meet_by_level() -> None:
+    """A higher level wins whichever of the two it sets; at one level the switch wins."""
+    assert resolve(environ={}, ini={"sky_kubernetes": "true", "sky_backend": "local"}).backend == "kubernetes"
+    assert resolve(environ={"PYTEST_SKY_BACKEND": "local"}, ini={"sky_kubernetes": "1"}).backend == "local"
+    s = resolve(environ={"PYTEST_SKY_KUBERNETES": "1"}, ini={"sky_backend": "local"})
+    assert (s.backend, s.sources["backend"]) == ("kubernetes", "PYTEST_SKY_KUBERNETES")
+
+
+def test_run_timeout_defaults_to_600_seconds_and_0_means_no_deadline() -> None:
+    assert resolve(environ={}).run_deadline == settings.DEFAULT_RUN_TIMEOUT == 600
+    assert resolve(environ={"PYTEST_SKY_RUN_TIMEOUT": "15"}).run_deadline == 15
+    assert resolve(environ={"PYTEST_SKY_RUN_TIMEOUT": "0"}).run_deadline is None
+    for bad in ("-5", "inf", "nan", "soon"):
+        with pytest.raises(SettingsError) as info:
+            resolve(environ={"PYTEST_SKY_RUN_TIMEOUT": bad})
+        assert str(info.value) == f"PYTEST_SKY_RUN_TIMEOUT={bad!r} is not a number of seconds (e.g. 600)"
+
+
+def test_the_ini_file_sets_a_sessions_settings_and_says_so_in_the_header(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for option in settings.OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\nsky_run_timeout = 30\nsky_mtu = 1500\n")
+    pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*run_timeout=30.0 (from sky_run_timeout in tox.ini)*mtu=1500 (from sky_mtu in tox.ini)*"]
+    )
+    monkeypatch.setenv("PYTEST_SKY_RUN_TIMEOUT", "45")
+    result = pytester.runpytest_subprocess("--sky-mtu", "9000")
+    result.stdout.fnmatch_lines(["*run_timeout=45.0 (from PYTEST_SKY_RUN_TIMEOUT)*mtu=9000 (from --sky-mtu)*"])
+    pytester.makeini("[pytest]\nsky_run_timeout = soon\n")
+    monkeypatch.delenv("PYTEST_SKY_RUN_TIMEOUT")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sky_run_timeout in tox.ini='soon' is not a number of seconds (e.g. 600)"])
 
 
 def test_a_tasks_infra_picks_the_backend_unless_the_command_line_did() -> None:
