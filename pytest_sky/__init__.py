@@ -31,9 +31,9 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
    backends.kube_files: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
-5. agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.fanout, agent.control,
-   agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
-6. runner, job, timeline: the client side of a run
+5. agent.site_hook, agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.stacks,
+   agent.fanout, agent.control, agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
+6. diagnosis, runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it
 9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli,

@@ -11,7 +11,11 @@ cluster, ``DIR/<test id>/`` before teardown:
 - ``<cluster>/provision.log``: the launch's account;
 - ``<cluster>/nodes/``: what the backend knows beyond the runs (Kubernetes: each pod's
   events and container log);
-- ``timeline.html``: the last run's ranks over time (``pytest_sky.timeline``);
+- ``<cluster>/job-<id>-stacks/``: where every rank of a run was when it was stopped (its
+  deadline, Ctrl-C, a test's own timeout): ``stacks.txt``, every process, thread and frame
+  of every node (``diagnosis.Capture.full``), and ``capture.json``, the same as data;
+- ``timeline.html``: the last run's ranks over time (``pytest_sky.timeline``), with the
+  deadline of a run that did not end by itself;
 - ``summary.json``: the test, its outcome, and per cluster, job and rank where it ran and
   how it ended.
 
@@ -31,14 +35,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pytest_sky.cluster import Cluster
+from pytest_sky.diagnosis import Capture
 from pytest_sky.errors import RunTimeoutError, SkyError
 from pytest_sky.lifecycle import PROVISION_LOG
 from pytest_sky.protocol import SpecEvent, decode_event
-from pytest_sky.runner import RunResult, Timeline
+from pytest_sky.runner import RunResult, StoppedRun, Timeline
 from pytest_sky.timeline import render
 
 SUMMARY = "summary.json"
 TIMELINE = "timeline.html"
+STACKS = "stacks.txt"
 
 
 #: How many of a cluster's runs during a test its report shows (the last ones).
@@ -54,7 +60,7 @@ def used_since(cluster: Cluster, since: float) -> bool:
     """Whether the cluster was made, or ran something, at ``since`` or later."""
     if cluster.record.created >= since or runs_since(cluster, since):
         return True
-    return bool(_timed_out_since(cluster, since))
+    return bool(_timed_out_since(cluster, since) or stopped_since(cluster, since))
 
 
 def dir_name(nodeid: str) -> str:
@@ -80,6 +86,7 @@ class JobSummary:
     seconds: float
     ranks: tuple[RankSummary, ...]
     timed_out: bool = False
+    stacks: str | None = None  # where every rank was when it was stopped, relative to the test's directory
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,11 @@ def files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
+def stopped_since(cluster: Cluster, since: float) -> list[StoppedRun]:
+    """The cluster's runs stopped before they ended (where every rank was) at ``since`` or later."""
+    return [s for s in cluster.stopped if s.capture.taken >= since]
+
+
 def _timed_out_since(cluster: Cluster, since: float) -> list[RunTimeoutError]:
     return [e for e in cluster.timed_out if not isinstance(e.timeline, Timeline) or e.timeline.started >= since]
 
@@ -143,10 +155,14 @@ def _cluster(tmp: Path, cluster: Cluster, problems: list[str], since: float) -> 
     jobs = [_job(tmp, cdir, cluster, r, problems) for r in runs_since(cluster, since)[-RUNS_SHOWN:]]
     for exc in _timed_out_since(cluster, since)[-1:]:
         timeline = exc.timeline if isinstance(exc.timeline, Timeline) else None
-        jdir = cdir / f"job-{timeline.job_id if timeline else 0}-timed-out"
+        job_id = timeline.job_id if timeline else 0
+        jdir = cdir / f"job-{job_id}-timed-out"
         jdir.mkdir(exist_ok=True)
         (jdir / "merged.log").write_text(exc.partial_output + "\n", encoding="utf-8")
-        jobs.append(JobSummary(timeline.job_id if timeline else 0, -1, str(exc), 0.0, (), timed_out=True))
+        _events(jdir, cluster, job_id, problems)
+        jobs.append(JobSummary(job_id, -1, str(exc), 0.0, (), timed_out=True))
+    for stopped in stopped_since(cluster, since)[-RUNS_SHOWN:]:
+        jobs.append(_stacks(tmp, cdir, stopped.capture))
     try:
         extra = cluster.diagnostics()
     except Exception as exc:  # noqa: BLE001 - an artifact that cannot be read is noted, never fatal
@@ -169,16 +185,46 @@ def _job(tmp: Path, cdir: Path, cluster: Cluster, result: RunResult, problems: l
         log.write_text(r.output, encoding="utf-8")
         ranks.append(RankSummary(r.rank, r.name, r.ip, r.returncode, str(log.relative_to(tmp))))
     (jdir / "merged.log").write_text(result.output, encoding="utf-8")
-    try:
-        events = cluster.job_events(result.job_id)
-    except SkyError as exc:
-        problems.append(f"{cluster.name} job {result.job_id} events: {exc}")
-    else:
-        (jdir / "events.jsonl").write_bytes(events)
-        first = decode_event(events.split(b"\n", 1)[0]) if events.strip() else None
-        if isinstance(first, SpecEvent):
-            (jdir / "spec.json").write_text(json.dumps(first.spec.to_record(), indent=2) + "\n", encoding="utf-8")
+    _events(jdir, cluster, result.job_id, problems)
     return JobSummary(result.job_id, result.returncode, result.error, round(result.seconds, 3), tuple(ranks))
+
+
+def _events(jdir: Path, cluster: Cluster, job_id: int, problems: list[str]) -> None:
+    """The head's record of the job (``events.jsonl``) and its run spec (``spec.json``)."""
+    try:
+        events = cluster.job_events(job_id)
+    except SkyError as exc:
+        problems.append(f"{cluster.name} job {job_id} events: {exc}")
+        return
+    (jdir / "events.jsonl").write_bytes(events)
+    first = decode_event(events.split(b"\n", 1)[0]) if events.strip() else None
+    if isinstance(first, SpecEvent):
+        (jdir / "spec.json").write_text(json.dumps(first.spec.to_record(), indent=2) + "\n", encoding="utf-8")
+
+
+def _stacks(tmp: Path, cdir: Path, capture: Capture) -> JobSummary:
+    """Where every rank of a stopped run was, in full, and each rank's last lines."""
+    sdir = cdir / f"job-{capture.job_id}-stacks"
+    n = 1
+    while sdir.exists():  # a second stop of the same job (a wait given up, then the test's timeout)
+        n += 1
+        sdir = cdir / f"job-{capture.job_id}-stacks-{n}"
+    sdir.mkdir()
+    (sdir / STACKS).write_text(capture.full(), encoding="utf-8")
+    (sdir / "capture.json").write_text(capture.to_json(), encoding="utf-8")
+    ranks = []
+    for rank in capture.ranks:
+        log = sdir / f"rank-{rank.rank}-{rank.name}.last.log"
+        log.write_text("".join(line + "\n" for line in rank.last_lines), encoding="utf-8")
+        code = -1 if rank.code is None else rank.code
+        ranks.append(RankSummary(rank.rank, rank.name, rank.ip, code, str(log.relative_to(tmp))))
+    stacks = str((sdir / STACKS).relative_to(tmp))
+    return JobSummary(capture.job_id, -1, f"stopped {capture.why}", 0.0, tuple(ranks), timed_out=True, stacks=stacks)
+
+
+def stacks_files(directory: Path) -> list[Path]:
+    """The full accounts of stopped runs in a test's directory."""
+    return sorted(directory.glob(f"*/job-*-stacks*/{STACKS}"))
 
 
 def _last_timeline(clusters: list[Cluster], since: float) -> Timeline | None:
@@ -187,4 +233,5 @@ def _last_timeline(clusters: list[Cluster], since: float) -> Timeline | None:
     for c in clusters:
         found += [r.timeline for r in runs_since(c, since) if r.timeline is not None]
         found += [e.timeline for e in _timed_out_since(c, since) if isinstance(e.timeline, Timeline)]
+        found += [s.timeline for s in stopped_since(c, since) if s.timeline is not None]
     return max(found, key=lambda t: t.ended) if found else None

@@ -46,6 +46,8 @@ AGENT_MODULES = (
     "agent.records",
     "agent.remote",
     "agent.server",
+    "agent.site_hook",
+    "agent.stacks",
     "agent.supervisor",
     "locks",
     "masking",
@@ -203,13 +205,26 @@ def client_keys(cluster_dir: Path, nodes: list[NodeInfo]) -> ClusterKeys:
     return ClusterKeys(cluster=cluster, hosts=tuple(by_name[n.hostname] for n in nodes))
 
 
+#: Where a node's ``sitecustomize`` lives (``agent.site_hook``): the directory that every
+#: session's and every rank's ``PYTHONPATH`` names, so that every Python process on the node
+#: can say where its threads are.
+SITE_HOOK_FILE = shell.SITE_DIR + "/sitecustomize.py"
+
+
+def site_hook() -> bytes:
+    """The text of every node's ``sitecustomize`` (``agent/site_hook.py``, verbatim)."""
+    return (Path(__file__).parent / module_path("agent.site_hook")).read_bytes()
+
+
 def home_files(keys: ClusterKeys) -> HomeFiles:
-    """What a node's home needs before its sshd starts: the cluster key, and the agent."""
+    """What a node's home needs before its sshd starts: the cluster key, the agent, and the
+    ``sitecustomize`` that arms every Python process's stacks."""
     return {
         ".ssh/authorized_keys": (keys.cluster.public_line.encode() + b"\n", 0o600),
         ".ssh/id_ed25519": (keys.cluster.private_openssh, 0o600),
         ".ssh/id_ed25519.pub": (keys.cluster.public_line.encode() + b"\n", 0o644),
         AGENT_FILE: (agent_bundle(), 0o644),
+        SITE_HOOK_FILE: (site_hook(), 0o644),
     }
 
 
@@ -223,6 +238,9 @@ def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> HomeFi
         identity_file="~/.ssh/id_ed25519",
         known_hosts="~/.ssh/known_hosts",
         extra_patterns=["*"],
+        # A job's token goes along to the sessions it opens on other nodes (mpirun's remote
+        # ranks): they are the job's there too (``agent.stacks``, the leftover check).
+        send_env=[shell.JOB_SCOPE_VAR],
     )
     return {
         ".ssh/config": (cfg.encode(), 0o600),

@@ -24,9 +24,9 @@ from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, S
 from pytest_sky.job import Job
 from pytest_sky.protocol import DEFAULT_JOB_CPUS, NodeRef, RunSpec, door_secret
 from pytest_sky.resources import Resources
-from pytest_sky.runner import AgentClient, Door, RunResult
+from pytest_sky.runner import AgentClient, Door, RunResult, StoppedRun
 from pytest_sky.script_files import ship_long_scripts
-from pytest_sky.settings import Settings
+from pytest_sky.settings import SESSION_DEADLINE, Deadline, Settings
 from pytest_sky.settings import resolve as resolve_settings
 from pytest_sky.ssh import client as ssh_client
 from pytest_sky.ssh import kube_dial, kube_proxy
@@ -66,6 +66,10 @@ class Cluster:
         self.results: list[RunResult] = []
         #: Runs that timed out (their partial output and timeline), for a failure's artifacts.
         self.timed_out: list[RunTimeoutError] = []
+        #: Runs and waits stopped before they ended (a deadline, Ctrl-C): where each rank was.
+        self.stopped: list[StoppedRun] = []
+        #: A run's timeout when its caller names none (pytest: ``--sky-run-timeout``; None: none).
+        self.run_timeout: float | None = None
         self.is_down = False
         #: Set under the plugin's ``--keep-clusters``: :meth:`down` leaves the cluster up.
         self.keep_up = False
@@ -130,7 +134,7 @@ class Cluster:
         self,
         cmd_or_task: str | Task,
         env: dict[str, str] | None = None,
-        timeout: float | None = None,
+        timeout: float | Deadline | None = SESSION_DEADLINE,
         *,
         check: bool = False,
         on_line: Callable[[str], None] | None = None,
@@ -139,10 +143,14 @@ class Cluster:
         ``sky exec`` does); waits for every rank.  A rank exiting non-zero is reported through
         the result (``returncode``, ``error``), or with ``check=True`` raised as ``RunFailedError``
         (a :class:`RunError`, naming the rank, its exit code and last lines); problems reaching
-        the cluster raise :class:`RunError`.  ``on_line`` gets each prefixed line as it comes."""
+        the cluster raise :class:`RunError`.  ``on_line`` gets each prefixed line as it comes.
+        Past ``timeout`` seconds (by default :attr:`run_timeout`: under pytest the session's
+        ``--sky-run-timeout``, else none; ``None``: no deadline) it raises
+        :class:`RunTimeoutError`, whose ``capture`` says where every rank was, then stops them."""
+        seconds = self.run_timeout if timeout is SESSION_DEADLINE else timeout
         task = self._prepared(cmd_or_task)
         try:
-            result = self._agent.run(self._spec(task, env), timeout=timeout, on_line=on_line)
+            result = self._agent.run(self._spec(task, env), timeout=seconds, on_line=on_line)
         except RunTimeoutError as exc:
             self.timed_out.append(exc)
             raise
@@ -328,7 +336,9 @@ class Cluster:
     @property
     def _agent(self) -> AgentClient:
         """The agent on the head, over this handle's one connection (opened when first used)."""
-        return AgentClient(self.name, self._connection, self.info.python, bootstrap.AGENT_PATH, self._door())
+        return AgentClient(
+            self.name, self._connection, self.info.python, bootstrap.AGENT_PATH, self._door(), self.stopped.append
+        )
 
     def _door(self) -> Door | None:
         """The way to the head's agent server, its secret from the cluster key this client holds."""
@@ -456,6 +466,8 @@ def reset_for_next_test(cluster: Cluster) -> None:
         raise SkyError(f"cluster {cluster.name} could not be checked after an earlier test: {result.error}")
     agent.forget()
     cluster.results.clear()
+    cluster.timed_out.clear()
+    cluster.stopped.clear()
     cluster.last_result = None
 
 
@@ -475,7 +487,7 @@ def launch(
     capabilities: Sequence[str] = (),
     privileged: bool = False,
     store: StateStore | None = None,
-    run_timeout: float | None = None,
+    run_timeout: float | Deadline | None = None,
     on_created: Callable[[Cluster], None] | None = None,
     **resources: object,
 ) -> Cluster:
@@ -489,6 +501,10 @@ def launch(
     Nodes hold what a pod of ours would (a container runtime's confinement under Pod Security
     baseline); ``capabilities=("NET_ADMIN",)`` adds capabilities, ``privileged=True`` lifts
     the confinement altogether (a task can then change this machine), as on a pod.
+    ``run_timeout`` bounds the task's run (None: no deadline).  ``on_created`` is handed the
+    cluster as soon as it is up, and its caller owns it from then on: a task that fails or
+    times out leaves it up for the caller's report, and the caller tears it down (without
+    ``on_created``, such a launch tears it down itself, unless ``keep``).
     """
     extra = Resources.from_kwargs(**resources) if resources else Resources()
     cluster, task = bring_up(
@@ -509,7 +525,7 @@ def launch(
         try:
             cluster.run(task, timeout=run_timeout)
         except BaseException:
-            if not keep:
+            if not keep and on_created is None:
                 cluster.down()
             raise
     return cluster

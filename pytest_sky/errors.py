@@ -40,11 +40,14 @@ class RunError(SkyError):
 class RunTimeoutError(RunError, TimeoutError):
     """A run or a wait went past its bound; the message says what was awaited."""
 
-    def __init__(self, message: str, partial_output: str = "", timeline: object = None) -> None:
+    def __init__(self, message: str, partial_output: str = "", timeline: object = None, capture: object = None) -> None:
         super().__init__(message)
         self.partial_output = partial_output
         #: A run's ``runner.Timeline`` up to the timeout: which ranks never started or never ended.
         self.timeline = timeline
+        #: Where every rank was at the deadline, before they were stopped (a
+        #: ``diagnosis.Capture``: ``capture.summary()`` is what a failure report shows).
+        self.capture = capture
 
 
 class NotSupportedError(SkyError):

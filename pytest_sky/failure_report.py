@@ -1,5 +1,6 @@
-"""What a failed test's report holds of the clusters it used: each rank's lines, the JUnit
-XML's copy of them, and the artifacts directory (``--sky-artifacts``).
+"""What a failed test's report holds of the clusters it used: each rank's lines, where every
+rank was when a run was stopped (its deadline, Ctrl-C, a test's own timeout: DESIGN.md
+section 4e), the JUnit XML's copy of them, and the artifacts directory (``--sky-artifacts``).
 
 Which clusters a test used: those its fixtures lent it (``sky_cluster``, ``sky_launch``),
 and every other cluster of the session's (a user's fixture built on
@@ -25,13 +26,21 @@ if TYPE_CHECKING:
     from pytest_sky.cluster import Cluster
     from pytest_sky.settings import Settings
 
+
 def add(
-    item: pytest.Item, report: pytest.TestReport, clusters: list[Cluster], since: float, settings: Settings | None
+    item: pytest.Item,
+    report: pytest.TestReport,
+    clusters: list[Cluster],
+    since: float,
+    settings: Settings | None,
+    reported: set[int] | None = None,
 ) -> None:
-    """The rank sections of a failed setup or call, and the artifacts where asked for."""
+    """The rank sections of a failed setup or call, and the artifacts where asked for; the
+    stopped runs it shows join ``reported`` (by ``id``)."""
     out = []
     if report.failed:
         out += _rank_sections(item, report, clusters, since)
+        out += _stopped_sections(report, clusters, since, set() if reported is None else reported)
     if settings is not None and settings.artifacts and (report.failed or (settings.artifacts_all and report.passed)):
         out.append(_keep_artifacts(report, settings.artifacts, clusters, since))
     if out and report.failed:
@@ -63,6 +72,24 @@ def _rank_sections(item: pytest.Item, report: pytest.TestReport, clusters: list[
     return out
 
 
+def _stopped_sections(
+    report: pytest.TestReport, clusters: list[Cluster], since: float, reported: set[int]
+) -> list[str]:
+    """Where every rank was when a run of the test was stopped: a section of the terminal
+    report, and the text for the JUnit XML's ``<system-out>`` (returned)."""
+    from pytest_sky.artifacts import RUNS_SHOWN, stopped_since
+
+    out = []
+    for cluster in clusters:
+        for stopped in stopped_since(cluster, since)[-RUNS_SHOWN:]:
+            reported.add(id(stopped))
+            capture = stopped.capture
+            title = f"sky {cluster.name} job {capture.job_id}: where every rank was"
+            report.sections.append((title, capture.summary()))
+            out.append(f"===== {title} {capture.why} =====\n{capture.summary()}")
+    return out
+
+
 def _keep_artifacts(report: pytest.TestReport, directory: str, clusters: list[Cluster], since: float) -> str:
     """Write the test's artifacts (before its clusters go) and say where, in the report and
     as attachment lines; a failure to gather them is a line in the report, never an error."""
@@ -79,6 +106,7 @@ def _keep_artifacts(report: pytest.TestReport, directory: str, clusters: list[Cl
     lines = f"artifacts: {where}\n"
     if (where / artifacts.TIMELINE).exists():
         lines += f"timeline: {where / artifacts.TIMELINE}\n"
+    lines += "".join(f"where every rank was, in full: {path}\n" for path in artifacts.stacks_files(where))
     report.sections.append(("sky artifacts", lines))
     return lines + junit.attachment_lines(artifacts.files(where))
 

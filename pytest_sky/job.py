@@ -18,7 +18,8 @@ from pytest_sky.protocol import JobStatus
 if TYPE_CHECKING:
     from typing import Literal
 
-    from pytest_sky.runner import AgentClient, RunResult
+    from pytest_sky.diagnosis import Capture
+    from pytest_sky.runner import AgentClient, RunResult, StoppedRun
 
 __all__ = ["Job", "JobStatus"]
 
@@ -54,29 +55,68 @@ class Job:
         return self._agent.job(self.id).error
 
     def wait(self, timeout: float | None = None) -> JobStatus:
-        """Block until the job ends; returns its final status, raises on timeout."""
+        """Block until the job ends; returns its final status.  Past ``timeout`` it raises
+        :class:`RunTimeoutError` whose ``capture`` says where every rank of the job is (the
+        job itself goes on: ``cancel`` stops it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            # Bounded waits on the head: a dropped connection is noticed, and reopened.
-            chunk = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
-            ended, record = self._agent.wait(self.id, chunk)
-            if ended:
-                return record.status
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeoutError(
-                    f"job {self.id} on {self.cluster_name} is still {record.status} after {timeout:g} s"
-                )
+        try:
+            while True:
+                # Bounded waits on the head: a dropped connection is noticed, and reopened.
+                chunk = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
+                ended, record = self._agent.wait(self.id, chunk)
+                if ended:
+                    return record.status
+                if deadline is not None and time.monotonic() >= deadline:
+                    assert timeout is not None
+                    stopped = self._stopped(f"when Job.wait gave up after {timeout:g} s")
+                    raise RunTimeoutError(
+                        f"job {self.id} on {self.cluster_name} is still {record.status} after {timeout:g} s",
+                        timeline=stopped.timeline if stopped else None,
+                        capture=stopped.capture if stopped else None,
+                    )
+        except RunError:
+            raise
+        except BaseException as exc:  # Ctrl-C, a test's own timeout: where the ranks were, for its report
+            self._look_before(exc)
+            raise
+
+    def _stopped(self, why: str) -> StoppedRun | None:
+        """Where every rank of this job is (``AgentClient.stopped``), from its recorded events;
+        None once it has ended."""
+        from pytest_sky.runner import replayed
+
+        code, events = self._agent.call(["events", str(self.id)])
+        collector = replayed(events) if code == 0 else None
+        if collector is None or collector.done is not None:
+            return None
+        collector.job_id = collector.job_id or self.id  # a detached job's events name no job
+        return self._agent.stopped(collector, why, collector.timeline(timed_out=True, deadline=time.time()))
+
+    def capture(self, why: str = "when asked") -> Capture | None:
+        """Where every process of the job is now, on every node (None once it has ended):
+        what a stopped run's report shows, without stopping anything."""
+        stopped = self._stopped(why)
+        return stopped.capture if stopped is not None else None
+
+    def _look_before(self, exc: BaseException) -> None:
+        from pytest_sky.diagnosis import why_stopped
+
+        try:
+            self._stopped(why_stopped(exc))
+        except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the head cannot answer, or a second Ctrl-C
+            pass  # what ended the wait goes on
 
     @overload
-    def logs(self, follow: Literal[False] = ...) -> str: ...
+    def logs(self, follow: Literal[False] = ..., *, timeout: float | None = ...) -> str: ...
 
     @overload
-    def logs(self, follow: Literal[True]) -> Iterator[str]: ...
+    def logs(self, follow: Literal[True], *, timeout: float | None = ...) -> Iterator[str]: ...
 
-    def logs(self, follow: bool = False) -> str | Iterator[str]:
-        """The merged, prefixed log so far; with ``follow=True``, its lines until the job ends."""
+    def logs(self, follow: bool = False, *, timeout: float | None = None) -> str | Iterator[str]:
+        """The merged, prefixed log so far; with ``follow=True``, its lines until the job ends
+        (past ``timeout`` seconds, :class:`RunTimeoutError`; the job goes on)."""
         if follow:
-            return self._agent.follow_logs(self.id)
+            return self._agent.follow_logs(self.id, None if timeout is None else time.monotonic() + timeout)
         return self._agent.logs(self.id)
 
     def cancel(self) -> JobStatus:

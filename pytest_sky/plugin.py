@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from _pytest.nodes import Node
 
     from pytest_sky.cluster import Cluster
+    from pytest_sky.runner import StoppedRun
     from pytest_sky.settings import Settings
 
 
@@ -59,6 +60,17 @@ class _SessionState:
     strays: list[str] = field(default_factory=list)
     #: The test running now (a factory's cluster is named after it).
     current: pytest.Item | None = None
+    #: Runs stopped (Ctrl-C, SIGTERM) that no test's report showed: the terminal summary does.
+    unreported: list[StoppedRun] = field(default_factory=list)
+    #: Those a test's report showed (by ``id``).
+    reported: set[int] = field(default_factory=set)
+
+    def note_unreported(self, cluster: Cluster) -> None:
+        """Before ``cluster`` goes: its stopped runs that no report showed."""
+        for stopped in cluster.stopped:
+            if id(stopped) not in self.reported:
+                self.reported.add(id(stopped))  # once: a cluster may go through here twice
+                self.unreported.append(stopped)
 
 
 _state_key = pytest.StashKey[_SessionState]()
@@ -226,7 +238,8 @@ def pytest_runtest_makereport(
 
         state = item.config.stash.get(_state_key, None)
         since = item.stash.get(_item_started_key, 0.0)
-        failure_report.add(item, report, clusters, since, state.settings if state is not None else None)
+        settings = state.settings if state is not None else None
+        failure_report.add(item, report, clusters, since, settings, state.reported if state is not None else None)
     return report
 
 
@@ -256,6 +269,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     try:
         if not state.settings.keep_clusters:
             for cluster in list(state.live):
+                state.note_unreported(cluster)
                 if not cluster.is_down:
                     cluster.down()
         state.live.clear()
@@ -286,10 +300,15 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         state.strays += output.get(_STRAYS_OUTPUT, [])
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """What a killed run had left and this one reaped; kept clusters, read from the state
-    store (under xdist the workers kept them)."""
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
+    """Where the ranks were when the session was interrupted (runs no test's report showed);
+    what a killed run had left and this one reaped; kept clusters, read from the state store
+    (under xdist the workers kept them)."""
     state = terminalreporter.config.stash.get(_state_key, None)
+    if state is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        for stopped in state.unreported:
+            terminalreporter.section(f"pytest-sky: {stopped.capture.cluster}: where every rank was")
+            terminalreporter.write(stopped.capture.summary())
     if state is None:
         return
     if state.reaped:
@@ -367,20 +386,24 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
     """Factory: ``sky_launch(task=None, *, num_nodes=None, name=None, **resources) -> Cluster``.
 
     A task given (a Task or a YAML path) is launched and its result kept as
-    ``cluster.last_result``; ``timeout=`` bounds that run.  Every cluster is torn down after
-    the test, pass or fail.
+    ``cluster.last_result``; ``timeout=`` bounds that run (default: ``--sky-run-timeout``,
+    as for every run on the cluster).  Every cluster is torn down after the test, pass or
+    fail, and only after its report has what it needs: a launch whose task fails or times
+    out leaves its cluster to this fixture.
     """
     state = request.config.stash[_state_key]
     mine: list[Cluster] = []
     item = request.node
     reported = _reported(item)
 
+    from pytest_sky.settings import SESSION_DEADLINE
+
     def factory(
         task: Any = None,
         *,
         num_nodes: int | None = None,
         name: str | None = None,
-        timeout: float | None = None,
+        timeout: Any = SESSION_DEADLINE,
         **resources: Any,
     ) -> Cluster:
         return _launch_or_fail(
@@ -404,8 +427,9 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
 
 
 def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> Cluster:
-    """``launch`` with the session's settings, tracked for the last-line teardown; a problem
-    fails the test with one line."""
+    """``launch`` with the session's settings, tracked for the last-line teardown, which the
+    plugin owns from the moment the cluster is up (``on_created``); a problem fails the test
+    with one line."""
     from pytest_sky.cluster import launch
     from pytest_sky.errors import SkyError
 
@@ -415,6 +439,7 @@ def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> C
 
     def track(cluster: Cluster) -> None:
         cluster.keep_up = settings.keep_clusters  # kept, whoever asks it to go
+        cluster.run_timeout = state.settings.run_deadline  # every run of the test has a deadline
         state.live.append(cluster)
         if on_created is not None:
             on_created(cluster)
@@ -432,6 +457,7 @@ def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
     """Every cluster of one test, newest first, unless kept; each failure reported, none skipped."""
     errors = []
     for cluster in reversed(clusters):
+        state.note_unreported(cluster)
         if state.settings.keep_clusters:
             continue
         try:

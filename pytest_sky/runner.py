@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_sky import interrupts
+from pytest_sky.diagnosis import KEPT_LINES, Capture, RankState, Target, take, why_stopped
 from pytest_sky.errors import RunError, RunTimeoutError
 from pytest_sky.naming import line_prefix
 from pytest_sky.protocol import (
@@ -95,11 +96,22 @@ class Timeline:
     ended: float
     spans: tuple[RankSpan, ...]
     timed_out: bool = False
+    #: When the run's deadline passed, or it was stopped otherwise (None: it ended by itself).
+    deadline: float | None = None
 
     def first_failure(self) -> RankSpan | None:
         """The rank whose phase failed first (by when its exit arrived)."""
         failed = [s for s in self.spans if s.ended is not None and s.code not in (0, None)]
         return min(failed, key=lambda s: s.ended or 0.0) if failed else None
+
+
+@dataclass(frozen=True)
+class StoppedRun:
+    """A run or wait that did not end by itself (its deadline, Ctrl-C, a test's own timeout):
+    where every rank was then, before anything was stopped, and the run's timeline up to then."""
+
+    capture: Capture
+    timeline: Timeline | None
 
 
 @dataclass
@@ -222,14 +234,27 @@ class _Collector:
     def _on_phase(self, event: PhaseEvent) -> None:
         self.phases.append(event.phase)
 
-    def timeline(self, *, timed_out: bool = False) -> Timeline:
+    def timeline(self, *, timed_out: bool = False, deadline: float | None = None) -> Timeline:
         """Every rank of every phase that began, started or not, ended or not."""
         spans = []
         for phase in self.phases:
             for node in self.spec.nodes:
                 start, end, code = self._spans.get((node.rank, phase), (None, None, None))
                 spans.append(RankSpan(node.rank, node.name, node.ip, phase, start, end, code))
-        return Timeline(self.spec.cluster, self.job_id, self.started, time.time(), tuple(spans), timed_out)
+        ended = time.time() if deadline is None else deadline
+        return Timeline(self.spec.cluster, self.job_id, self.started, ended, tuple(spans), timed_out, deadline)
+
+    def ranks_now(self) -> tuple[list[Target], list[RankState]]:
+        """Each rank of the phase under way: where ``agent stacks`` finds it (its node, and its
+        process group leader there: 0 if it never started), and its state and last lines."""
+        phase = self.phases[-1] if self.phases else ""
+        targets, states = [], []
+        for n in self.spec.nodes:
+            start, end, code = self._spans.get((n.rank, phase), (None, None, None))
+            targets.append(Target(n.rank, n.ssh_target, self.pids.get(n.rank, 0) if start is not None else 0))
+            lines = tuple(self.per_rank[n.rank][-KEPT_LINES:])
+            states.append(RankState(n.rank, n.name, n.ip, phase, start is not None, code if end else None, lines))
+        return targets, states
 
     def _on_job(self, event: JobEvent) -> None:
         self.job_id, self.task_id = event.id, event.task_id
@@ -275,8 +300,8 @@ def _text(lines: list[str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
-    """Rebuild a job's RunResult from ``agent events`` (None while it has not finished)."""
+def replayed(events: bytes) -> _Collector | None:
+    """A job's events (``agent events``) fed to a collector, as they happened so far."""
     lines = [line for line in events.splitlines() if line.strip()]
     first = decode_event(lines[0]) if lines else None
     if not isinstance(first, SpecEvent):
@@ -284,7 +309,13 @@ def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
     collector = _Collector(first.spec, None)
     for line in lines[1:]:
         collector.feed(line)
-    return collector.result(seconds) if collector.done is not None else None
+    return collector
+
+
+def result_from_events(events: bytes, seconds: float = 0.0) -> RunResult | None:
+    """Rebuild a job's RunResult from ``agent events`` (None while it has not finished)."""
+    collector = replayed(events)
+    return collector.result(seconds) if collector is not None and collector.done is not None else None
 
 
 # ------------------------------------------------------------------------------ the client
@@ -313,6 +344,8 @@ class AgentClient:
     agent_path: str  # the bundle on the head, e.g. ``~/.sky/agent.pyz``
     #: The way to the head's agent server; None: every run execs the agent.
     door: Door | None = None
+    #: Told of every run or wait that did not end by itself, with where its ranks were.
+    on_stopped: Callable[[StoppedRun], None] | None = None
 
     def _served(self, request: str) -> paramiko.Channel | None:
         """A channel to the head's agent server, past its door, asking ``request``; None where
@@ -361,7 +394,11 @@ class AgentClient:
     def run(
         self, spec: RunSpec, *, timeout: float | None = None, on_line: Callable[[str], None] | None = None
     ) -> RunResult:
-        """Execute ``spec`` on every rank and wait for all of them (``agent run``)."""
+        """Execute ``spec`` on every rank and wait for all of them (``agent run``).
+
+        Past ``timeout``, and when anything else ends the wait (Ctrl-C, a test's own timeout),
+        where every rank is gets captured first (:meth:`stopped`); then the channel closes,
+        which stops every rank."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         chan = self._served("run")
@@ -369,30 +406,10 @@ class AgentClient:
             chan = self._channel(["run", "--serve"])
             if self.door is not None:
                 self.door.answered = True  # that agent started a server, for the next run
+        collector = _Collector(spec, on_line)
         try:
             chan.sendall(encode_spec(spec))
-            collector = _Collector(spec, on_line)
-            buf = b""
-            while collector.done is None:
-                interrupts.check()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise RunTimeoutError(
-                        f"run on cluster {spec.cluster} did not finish within {timeout:g} s; every rank was stopped",
-                        partial_output=collector.partial(),
-                        timeline=collector.timeline(timed_out=True),
-                    )
-                chan.settimeout(1.0 if left is None else min(left, 1.0))
-                try:
-                    chunk = chan.recv(65536)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    break
-                *lines, buf = (buf + chunk).split(b"\n")
-                for line in lines:
-                    if line:
-                        collector.feed(line)
+            self._read_events(chan, collector, deadline, timeout)
             if collector.done is None:
                 err = _stderr(chan)
                 raise RunError(
@@ -400,11 +417,61 @@ class AgentClient:
                     + (f": {err}" if err else " (connection lost?)")
                 )
             return collector.result(time.monotonic() - started)
-        except KeyboardInterrupt:
-            interrupts.seen()
+        except RunError:
+            raise  # the run's own end: its deadline (captured there), or a broken agent
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                interrupts.seen()
+            if collector.job_id and collector.done is None:
+                self.stopped(collector, why_stopped(exc), collector.timeline(timed_out=True, deadline=time.time()))
             raise
         finally:
             chan.close()
+
+    def _read_events(
+        self, chan: paramiko.Channel, collector: _Collector, deadline: float | None, timeout: float | None
+    ) -> None:
+        """Feed the run's events to ``collector`` until its last one, or its deadline."""
+        buf = b""
+        while collector.done is None:
+            interrupts.check()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                assert timeout is not None
+                timeline = collector.timeline(timed_out=True, deadline=time.time())
+                stopped = self.stopped(collector, f"at the deadline ({timeout:g} s)", timeline)
+                raise RunTimeoutError(
+                    f"run on cluster {self.cluster} did not finish within {timeout:g} s; every rank was stopped",
+                    partial_output=collector.partial(),
+                    timeline=timeline,
+                    capture=stopped.capture if stopped else None,
+                )
+            chan.settimeout(1.0 if left is None else min(left, 1.0))
+            try:
+                chunk = chan.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                return
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                if line:
+                    collector.feed(line)
+
+    # -- where the ranks are ---------------------------------------------------------------
+
+    def stopped(self, collector: _Collector, why: str, timeline: Timeline | None) -> StoppedRun | None:
+        """Where every rank of ``collector``'s job is now (``agent stacks``), told to
+        :attr:`on_stopped`; None where the job never got an id.  A second Ctrl-C ends the
+        looking, not the stop that follows."""
+        if not collector.job_id:
+            return None
+        targets, ranks = collector.ranks_now()
+        capture = take(self.call, self.cluster, collector.job_id, targets, ranks, why, collector.spec.secrets)
+        stopped = StoppedRun(capture, timeline)
+        if self.on_stopped is not None:
+            self.on_stopped(stopped)
+        return stopped
 
     # -- commands --------------------------------------------------------------------------
 
@@ -428,13 +495,24 @@ class AgentClient:
         finally:
             chan.close()
 
-    def stream(self, args: list[str]) -> Iterator[str]:
-        """Lines of a long-running agent command (``logs ID follow``), as they come."""
+    def stream(self, args: list[str], deadline: float | None = None) -> Iterator[str]:
+        """Lines of a long-running agent command (``logs ID follow``), as they come; past
+        ``deadline`` (``time.monotonic()``) it raises :class:`RunTimeoutError`."""
         chan = self._channel(args)
         try:
             chan.shutdown_write()
             buf = b""
-            while chunk := chan.recv(65536):
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RunTimeoutError(f"agent command {args[0]} on the head of {self.cluster} passed its deadline")
+                chan.settimeout(None if left is None else min(left, 1.0))
+                try:
+                    chunk = chan.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    break
                 *lines, buf = (buf + chunk).split(b"\n")
                 for line in lines:
                     yield line.decode("utf-8", "replace")
@@ -485,8 +563,8 @@ class AgentClient:
         _, out = self.call(["logs", str(job_id)])
         return out.decode("utf-8", "replace")
 
-    def follow_logs(self, job_id: int) -> Iterator[str]:
-        return self.stream(["logs", str(job_id), "follow"])
+    def follow_logs(self, job_id: int, deadline: float | None = None) -> Iterator[str]:
+        return self.stream(["logs", str(job_id), "follow"], deadline)
 
     def result(self, job_id: int) -> RunResult | None:
         """The job's RunResult, rebuilt from its recorded events (None before it ended)."""

@@ -3,8 +3,9 @@
 What a person looking at a failed multinode test in CI wants first is which rank died or hung,
 and when, relative to the others.  So each rank's setup and run are drawn against one time
 axis, coloured by how they ended; a rank that never started and one still running when the
-run timed out are drawn differently and say so in words, and the first rank to fail is named
-in the title.  Inline SVG and CSS only: it renders from an artifacts directory in any browser,
+run timed out are drawn differently and say so in words, a dashed line marks the deadline
+(or the moment the run was stopped) with the ranks still running then, and the first rank to
+fail is named in the title.  Inline SVG and CSS only: it renders from an artifacts directory in any browser,
 offline, and nothing in it is fetched.
 """
 
@@ -18,7 +19,7 @@ from pytest_sky.runner import RankSpan, Timeline
 _ROW = 34
 _LEFT = 250
 _WIDTH = 900
-_TOP = 40
+_TOP = 56
 _COLOURS = {"ok": "#3c9a5f", "failed": "#d0342c", "running": "#e8a33d", "never": "#9aa0a6"}
 
 
@@ -72,7 +73,24 @@ def render(timeline: Timeline, *, test_id: str = "") -> str:
         rows.append(f'<text class="words" x="{_LEFT + _WIDTH + 10}" y="{y + _ROW / 2 + 4}">{html.escape(words)}</text>')
     height = _TOP + len(ranks) * _ROW + 30
     axis = _axis(end - t0, scale, _TOP + len(ranks) * _ROW)
-    return _page(timeline, test_id, _headline(timeline), "\n".join([*rows, *axis]), height)
+    marks = _deadline(timeline, t0, scale, _TOP + len(ranks) * _ROW)
+    return _page(timeline, test_id, _headline(timeline), "\n".join([*rows, *axis, *marks]), height)
+
+
+def _deadline(timeline: Timeline, t0: float, scale: float, y: int) -> list[str]:
+    """A line where the run was stopped (its deadline, or an interrupt), naming the ranks
+    still running then: where to look first."""
+    if timeline.deadline is None:
+        return []
+    x = _LEFT + (timeline.deadline - t0) * scale
+    running = sorted({s.rank for s in timeline.spans if state(s) == "running"})
+    words = "deadline" + (f": still running: {', '.join(f'rank {r}' for r in running)}" if running else "")
+    return [
+        f'<line class="deadline" x1="{x:.1f}" y1="{_TOP - 18}" x2="{x:.1f}" y2="{y}" stroke="#b3261e" '
+        'stroke-width="2" stroke-dasharray="6 3"/>',
+        f'<text class="deadline" x="{x:.1f}" y="{_TOP - 22}" text-anchor="end" fill="#b3261e">'
+        f"{html.escape(words)} ({timeline.deadline - t0:.2f} s)</text>",
+    ]
 
 
 def _headline(timeline: Timeline) -> str:

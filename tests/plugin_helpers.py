@@ -96,11 +96,12 @@ def assert_no_traceback(result: pytest.RunResult) -> None:
     assert not [line for line in text.splitlines() if re.match(r"^(>|E) ", line)], text
 
 
-def report_block(result: pytest.RunResult, title: str) -> list[str]:
-    """The non-blank lines of the report section whose ``____ title ____`` header is given."""
+def report_block(result: pytest.RunResult, title: str, rule: str = "_") -> list[str]:
+    """The non-blank lines of the report section whose ``____ title ____`` header is given
+    (``rule="-"``: a section of a test's report, ``---- title ----``)."""
     lines = result.stdout.lines
     for i, line in enumerate(lines):
-        if re.fullmatch(rf"_+ {re.escape(title)} _+", line):
+        if re.fullmatch(rf"{rule}+ {re.escape(title)} {rule}+", line):
             block = []
             for following in lines[i + 1 :]:
                 if re.match(r"^[_=-]{3,} ", following):

@@ -135,6 +135,9 @@ def test_ssh_config_install_is_idempotent(home: Path, dev: str, tmp_path: Path, 
         ["logs", "no-such-cluster", "1", "2"],
         ["logs", "no-such-cluster", "first"],
         ["frobnicate"],
+        ["exec", "x", "--timeout", "0", "--", "true"],
+        ["launch", "-c", "x", "--timeout", "soon", "--", "true"],
+        ["launch", "-c", "x", "-d", "--timeout", "5", "--", "true"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(home: Path, args: list[str]):
@@ -148,6 +151,22 @@ def test_help_has_examples():
     for command in ["launch", "exec", "status", "queue", "logs", "cancel", "ssh", "ssh-config", "down", "stress-ssh"]:
         out = subprocess.run([SCRIPT, command, "--help"], capture_output=True, text=True, check=True).stdout
         assert "examples:" in out and f"pytest-sky {command}" in out
+
+
+def test_a_run_past_its_timeout_says_where_each_rank_waits_then_is_cancelled(home: Path, dev: str):
+    """``exec --timeout`` and ``launch --timeout``: a hung run is reported, then stopped (sky's
+    exit code for a cancelled job); without --timeout there is no deadline (a CLI job may run long)."""
+    hang = "python3 -c 'import time; print(\"up\", flush=True); time.sleep(600)'"
+    res = sky(home, "exec", dev, "--timeout", "8", "--", hang, check_rc=103)
+    assert f"where every rank of job 1 on {dev} was at the deadline (8 s):" in res.stdout, res.stdout
+    assert res.stdout.count("main thread: <string>:1 <module>: import time;") == 2, res.stdout
+    assert "waits in time.sleep" in res.stdout and "    | up" in res.stdout
+    assert f"job 1 on {dev} did not finish within 8 s: cancelling it" in res.stderr
+    assert "Job finished (status: CANCELLED)." in res.stdout
+    res = sky(home, "launch", "-c", dev, "--num-nodes", "2", "--timeout", "8", "--", hang, check_rc=103)
+    assert f"where every rank of job 2 on {dev} was at the deadline (8 s):" in res.stdout
+    queue = sky(home, "queue", dev, check_rc=0).stdout
+    assert queue.count("CANCELLED") == 2, queue
 
 
 def test_ctrl_c_during_a_streamed_run_leaves_the_job_running(home: Path, dev: str):

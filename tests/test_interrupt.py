@@ -26,8 +26,11 @@ import os, pathlib, signal
 def test_long_run(sky_cluster):
     # What answers SIGTERM in here, for the failure message should it go unanswered.
     pathlib.Path(os.environ["SIGNAL_FILE"] + ".handler").write_text(repr(signal.getsignal(signal.SIGTERM)))
-    pathlib.Path(os.environ["SIGNAL_FILE"]).write_text(sky_cluster.name)
-    sky_cluster.run("sleep 120")
+
+    def on_line(line):  # a rank is under way: the run has started
+        pathlib.Path(os.environ["SIGNAL_FILE"]).write_text(sky_cluster.name)
+
+    sky_cluster.run("echo started; exec sleep 120", on_line=on_line)
 """
 
 INNER_PROVISION = """
@@ -137,6 +140,9 @@ def test_interrupt_tears_the_cluster_down(tmp_path: Path, inner: str, sig: signa
     text = out.decode()
     assert proc.returncode == 2, text  # pytest's "interrupted"
     assert "KeyboardInterrupt" in text
+    if inner is INNER_RUN:  # before its ranks were stopped, where they were (issue 47)
+        assert f"pytest-sky: {record['name']}: where every rank was" in text, text
+        assert "when the run was interrupted" in text and "sleep 120 [S" in text, text
     assert records(home) == []
     assert our_links(home) == []
     assert live_nodes(data) == []

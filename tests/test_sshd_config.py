@@ -13,7 +13,8 @@ from pytest_sky.backends import kube_manifests
 from pytest_sky.ssh import sshd
 
 # What the local backend's sshd_config("198.18.0.2", <key>, PATH) wrote before the renderer.
-# (KexAlgorithms since: only names OpenSSH 7.4 knows.)
+# (KexAlgorithms since: only names OpenSSH 7.4 knows; AcceptEnv and SetEnv's PYTHONPATH since
+# every Python process on a node says where it waits: issue 47.)
 LOCAL = """\
 ListenAddress 198.18.0.2:22
 HostKey /state/clusters/c/nodes/0/ssh_host_ed25519_key
@@ -35,7 +36,8 @@ AllowAgentForwarding no
 KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256
 ClientAliveInterval 5
 ClientAliveCountMax 3
-SetEnv PATH=/opt/venv/bin:/usr/bin:/bin
+AcceptEnv PSKY_JOB_SCOPE
+SetEnv PATH=/opt/venv/bin:/usr/bin:/bin PYTHONPATH=/home/sky/.sky/python
 Subsystem sftp internal-sftp
 LogLevel ERROR
 """
@@ -61,7 +63,8 @@ X11Forwarding no
 KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256
 ClientAliveInterval 5
 ClientAliveCountMax 3
-SetEnv PATH=/usr/local/bin:/usr/bin:/bin
+AcceptEnv PSKY_JOB_SCOPE
+SetEnv PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH=/root/.sky/python
 Subsystem sftp internal-sftp
 LogLevel ERROR
 """
@@ -70,12 +73,14 @@ LogLevel ERROR
 def local_config(path_env: str = "/opt/venv/bin:/usr/bin:/bin") -> str:
     """The renderer called as the local backend calls it."""
     key = Path("/state/clusters/c/nodes/0/ssh_host_ed25519_key")
-    return sshd.render(listen="198.18.0.2:22", host_key=str(key), pid_file="/run/sshd.pid", path_env=path_env)
+    return sshd.render(
+        listen="198.18.0.2:22", host_key=str(key), pid_file="/run/sshd.pid", path_env=path_env, home="/home/sky"
+    )
 
 
 def pod_config(path_env: str = "/usr/local/bin:/usr/bin:/bin") -> str:
     """A pod's effective config: the Secret's file, then the line BOOTSTRAP appends."""
-    return kube_manifests.sshd_config_text() + f"SetEnv PATH={path_env}\n"
+    return kube_manifests.sshd_config_text() + f"SetEnv PATH={path_env} PYTHONPATH=/root/.sky/python\n"
 
 
 def test_the_local_config_is_what_it_was() -> None:
@@ -99,7 +104,7 @@ def test_the_pod_takes_its_config_from_the_secret() -> None:
     boot = kube_manifests.BOOTSTRAP
     assert "<<" not in boot  # no heredoc: the config is rendered once, in Python
     assert f'cat "$S/{kube_manifests.SSHD_CONFIG_KEY}"' in boot
-    assert 'echo "SetEnv PATH=$PATH"; } >"$R/sshd_config"' in boot
+    assert 'echo "SetEnv PATH=$PATH PYTHONPATH=$HOME/.sky/python"; } >"$R/sshd_config"' in boot
     assert boot.rstrip().endswith('exec "$SSHD" -D -e -f "$R/sshd_config"')
     assert kube_manifests.SECRET_MOUNT == "/run/pytest-sky-secret" and "S=/run/pytest-sky-secret\n" in boot
     assert kube_manifests.RUNTIME_DIR == "/run/pytest-sky" and "R=/run/pytest-sky\n" in boot
@@ -152,8 +157,12 @@ def test_sshd_accepts_each_config_as_intended(backend: str, tmp_path: Path) -> N
         "maxsessions 100",
         "clientaliveinterval 5",
         "loglevel ERROR",
-        "setenv PATH=/opt/venv/bin:/usr/bin:/bin",
+        "acceptenv PSKY_JOB_SCOPE",
     }
+    assert {"setenv PATH=/opt/venv/bin:/usr/bin:/bin", "setenv PYTHONPATH=/root/.sky/python"} <= effective or {
+        "setenv PATH=/opt/venv/bin:/usr/bin:/bin",
+        "setenv PYTHONPATH=/home/sky/.sky/python",
+    } <= effective, sorted(line for line in effective if line.startswith("setenv"))
     assert expected <= effective, sorted(expected - effective)
     if backend == "local":
         assert "listenaddress 127.0.0.1:22" in effective and "printlastlog no" in effective

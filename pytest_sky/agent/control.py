@@ -1,8 +1,9 @@
 """The agent's job commands: read and steer the jobs on the head (``job.Job`` calls them).
 
 ``jobs``, ``wait``, ``logs`` and ``events`` read a job's files
-(:mod:`pytest_sky.agent.records`), ``cancel`` signals a job's agent (which stops every rank)
-and ``forget`` drops the records of ended jobs.  A job whose agent is gone while its record
+(:mod:`pytest_sky.agent.records`), ``cancel`` signals a job's agent (which stops every rank),
+``forget`` drops the records of ended jobs and ``stacks`` says where a job's processes are
+(:mod:`pytest_sky.agent.stacks`).  A job whose agent is gone while its record
 still says it is live is marked failed on the way (:func:`~pytest_sky.agent.records.died`).
 """
 
@@ -153,6 +154,21 @@ def forget_main(argv: list[str]) -> int:
     return 0
 
 
+def stacks_main(argv: list[str]) -> int:
+    """``stacks``: where every process of a job is, on every node (``agent.stacks``; imported
+    here, not at the agent's start: no run pays for it)."""
+    from pytest_sky.agent.stacks import main
+
+    return main(argv)
+
+
+def stacks_node_main(argv: list[str]) -> int:
+    """``stacks-node``: one node's part of ``stacks``, asked by the head."""
+    from pytest_sky.agent.stacks import node_main
+
+    return node_main(argv)
+
+
 COMMANDS = {
     "jobs": jobs_main,
     "wait": wait_main,
@@ -160,4 +176,6 @@ COMMANDS = {
     "events": events_main,
     "cancel": cancel_main,
     "forget": forget_main,
+    "stacks": stacks_main,
+    "stacks-node": stacks_node_main,
 }

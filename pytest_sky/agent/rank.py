@@ -61,13 +61,16 @@ def _sh_word(value: str) -> str:
 def rank_script(script: str, env: dict, cwd: str | None, *, phase: str = "run") -> str:
     """The rank's whole program, in the order of SkyPilot's generated scripts: ``~/.bashrc``
     (so an ``export`` a setup appended there reaches run), then the job's environment over
-    it, the working directory, and the task's script.  All that comes before the script is on
+    it (a ``PYTHONPATH`` of the task's keeps the node's :data:`~pytest_sky.shell.SITE_DIR` at
+    its end), the working directory, and the task's script.  All that comes before the script is on
     its first line, so the line bash names in an error ("line 4: ...: Read-only file
     system") is the task's own line 4."""
     steps = ["[ ! -f ~/.bashrc ] || . ~/.bashrc"]
     if phase == "setup":
         steps += [f"unset {key}" for key in SETUP_UNSET if key not in env]
     steps += [f"export {key}={_sh_word(str(value))}" for key, value in env.items()]
+    if "PYTHONPATH" in env:  # the task's own, and still the node's sitecustomize (agent.site_hook)
+        steps.append(f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$HOME/{shell.SITE_DIR}"')
     if cwd:
         target = "~/" + _sh_word(cwd[2:]) if cwd.startswith("~/") else _sh_word(cwd)
         steps.append(f'{{ cd {target} 2>/dev/null || cd "$HOME"; }}')
@@ -196,14 +199,20 @@ def worker_ssh_argv(node: NodeRef, *, start_server: str | None = None) -> list[s
     """A worker's rank over head-to-worker SSH: the way when its node has no agent server
     yet, or when the run holds a secret (the agent servers talk plain TCP); ``start_server``
     (the node's python) starts one there first, for the next run."""
+    remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} {shell.RANK_ARGV0}"
+    if start_server is not None:
+        remote = f"{_sh_quote(start_server)} -I -S ~/.sky/{shell.AGENT_BUNDLE} serve </dev/null; {remote}"
+    return ssh_argv(node.ssh_target, remote)
+
+
+def ssh_argv(target: str, remote: str) -> list[str]:
+    """The agent's own ssh to a worker (a rank, a capture of its stacks), over the one
+    connection the agent keeps to that worker."""
     # The agent's own hops share one connection per worker (a user's ssh does not: a racing
     # master prints "ControlSocket ... already exists" into the task's output).  /run is
     # private to the node, so the socket path is short and dies with it.  A worker that
     # vanishes (its node killed, its link gone) fails the run in ~3 s, also when it vanishes
     # while the connection is still being made.
-    remote = f"exec /bin/bash -c {_sh_quote(RANK_SUPERVISOR)} {shell.RANK_ARGV0}"
-    if start_server is not None:
-        remote = f"{_sh_quote(start_server)} -I -S ~/.sky/{shell.AGENT_BUNDLE} serve </dev/null; {remote}"
     options = {
         "ControlMaster": "auto",
         "ControlPath": "/run/psky-cm-%C",
@@ -215,7 +224,7 @@ def worker_ssh_argv(node: NodeRef, *, start_server: str | None = None) -> list[s
     argv = ["ssh", "-T", "-F", os.path.expanduser("~/.ssh/config")]
     for key, value in options.items():
         argv += ["-o", f"{key}={value}"]
-    return [*argv, node.ssh_target, remote]
+    return [*argv, target, remote]
 
 
 class Rank:

@@ -32,6 +32,7 @@ def secret_files(config: ProvisionConfig) -> dict[str, bytes]:
         "id_ed25519": home[".ssh/id_ed25519"][0],
         "id_ed25519.pub": home[".ssh/id_ed25519.pub"][0],
         shell.AGENT_BUNDLE: home[f".sky/{shell.AGENT_BUNDLE}"][0],
+        manifests.SITE_HOOK_KEY: home[f"{shell.SITE_DIR}/{manifests.SITE_HOOK_KEY}"][0],
         manifests.SSHD_CONFIG_KEY: manifests.sshd_config_text().encode(),
     }
     for rank, key in enumerate(config.keys.hosts):

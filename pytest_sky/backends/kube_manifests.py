@@ -41,8 +41,18 @@ DEFAULT_CPUS = 0.5
 DEFAULT_MEMORY_GB = 1.0
 #: The Secret's key (and file under SECRET_MOUNT) holding the pods' sshd_config.
 SSHD_CONFIG_KEY = "sshd_config"
+#: The Secret's key holding the nodes' ``sitecustomize`` (``agent.site_hook``), which the pod's
+#: bootstrap copies into ``~/.sky/python``.
+SITE_HOOK_KEY = "sitecustomize.py"
 #: The Secret's keys every pod mounts; each pod also mounts its own ``host_key_<rank>`` only.
-SHARED_SECRET_KEYS = ("authorized_keys", "id_ed25519", "id_ed25519.pub", shell.AGENT_BUNDLE, SSHD_CONFIG_KEY)
+SHARED_SECRET_KEYS = (
+    "authorized_keys",
+    "id_ed25519",
+    "id_ed25519.pub",
+    shell.AGENT_BUNDLE,
+    SSHD_CONFIG_KEY,
+    SITE_HOOK_KEY,
+)
 HOST_KEY_PREFIX = "host_key_"
 
 #: How long a pod without sshd may spend installing it (apt-get update and install, or apk,

@@ -401,7 +401,8 @@ class LocalBackend(Backend):
             (root / "etc").mkdir(parents=True, mode=0o700)
             home = root / "home"
             home.mkdir(mode=0o700)
-            (root / "etc" / "passwd").write_text(passwd_with_home(netns.NODE_HOME if self.private_root else home, user))
+            node_home = str(netns.NODE_HOME if self.private_root else home)
+            (root / "etc" / "passwd").write_text(passwd_with_home(node_home, user))
             (root / "etc" / "hosts").write_text(hosts)
             os.chmod(root / "etc" / "passwd", 0o644)
             if info.head.route.door:
@@ -411,7 +412,13 @@ class LocalBackend(Backend):
             host_key = root / "ssh_host_ed25519_key"
             write_private(host_key, config.keys.hosts[node.rank].private_openssh)
             (root / "sshd_config").write_text(
-                sshd.render(listen=f"{node.ip}:22", host_key=str(host_key), pid_file="/run/sshd.pid", path_env=path_env)
+                sshd.render(
+                    listen=f"{node.ip}:22",
+                    host_key=str(host_key),
+                    pid_file="/run/sshd.pid",
+                    path_env=path_env,
+                    home=node_home,
+                )
             )
             _write_home(home, config.home_files)
             specs.append(

@@ -97,6 +97,15 @@ def _add_detach_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop an attached run after SECONDS, saying first where every rank waits (default: no deadline)",
+    )
+
+
 def _add_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY[=VALUE]", help="an env of the task (repeatable)")
     p.add_argument("--env-file", metavar="PATH", help="envs from a dotenv file (--env wins over it)")
@@ -116,6 +125,16 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------------------- parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 (e.g. 600)")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -178,6 +197,7 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("--memory", metavar="GB", help="memory per node in GB, e.g. 8 or 16+")
     _add_cluster_options(p)
     _add_detach_option(p)
+    _add_timeout_option(p)
     p.add_argument(
         "--fast",
         action="store_true",
@@ -193,12 +213,14 @@ def _add_run_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "run a task or command on an existing cluster (a new job)",
         "  pytest-sky exec dev -- hostname\n  pytest-sky exec dev task.yaml\n  pytest-sky exec dev -d -- 'sleep 60'\n"
         "  pytest-sky exec dev -n job-1 -d 'sleep 60'   # options anywhere, as sky takes them\n"
+        "  pytest-sky exec dev --timeout 600 task.yaml   # a hung run says where each rank waits, then stops\n"
         "  pytest-sky exec -c dev echo hi   # sky's -c: then every word is the command's",
     )
     p.add_argument("cluster", nargs="?", metavar="NAME")
     p.add_argument("-c", "--cluster", dest="cluster_flag", metavar="NAME", help="the cluster, as an option (sky's -c)")
     _add_name_option(p)
     _add_detach_option(p)
+    _add_timeout_option(p)
     _add_env_options(p)
     p.add_argument("task", nargs="*", metavar="TASK.yaml | COMMAND")
     p.set_defaults(func=cmd_exec)

@@ -142,7 +142,13 @@ def _with_env_options(task, args: argparse.Namespace):
     return task.with_overrides(envs=envs, secrets=secrets) if envs or secrets else task
 
 
-def _run_task(cluster, task, detach: bool) -> int:
+def _check_timeout(args: argparse.Namespace) -> None:
+    """Before anything is made: ``--timeout`` bounds an attached run, and a detached job has none."""
+    if args.detach and args.timeout is not None:
+        raise UsageError("--timeout bounds an attached run; a detached job (-d) has no deadline: drop one of them")
+
+
+def _run_task(cluster, task, detach: bool, timeout: float | None = None) -> int:
     console.progress(f"submitting {'setup and run' if task.setup else 'run'} to {cluster.name}")
     job = cluster.submit(task)
     if task.setup:
@@ -151,7 +157,7 @@ def _run_task(cluster, task, detach: bool) -> int:
     if detach:
         console.hint(f"follow: pytest-sky logs {cluster.name} {job.id} --follow")
         return 0
-    code = job_report.follow(cluster, job)
+    code = job_report.follow(cluster, job, timeout=timeout)
     if code != job_report.EXIT_INTERRUPTED:
         print(job_report.useful_commands(cluster.name, job.id), flush=True)
     return code
@@ -200,6 +206,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from pytest_sky.lifecycle import plan_launch
     from pytest_sky.state import StateStore
 
+    _check_timeout(args)
     if args.use_spot:  # sky's flag: a note, as use_spot in a task file gets
         console.note("--use-spot has no effect on a pytest-sky cluster: its nodes are never preempted")
     chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
@@ -231,10 +238,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if task is None:
         console.hint(f"ssh onto it: pytest-sky ssh {cluster.name}; remove it: pytest-sky down {cluster.name}")
         return 0
-    return _run_task(cluster, _with_env_options(task, args), args.detach)
+    return _run_task(cluster, _with_env_options(task, args), args.detach, args.timeout)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    _check_timeout(args)
     name, words = args.cluster, list(args.task)
     if args.cluster_flag is not None:  # sky's `exec -c NAME CMD...`: the first word is the command's
         words = [name, *words] if name is not None else words
@@ -245,7 +253,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     task = _task_from_args(words, num_nodes=cluster.num_nodes, name=args.name)
     if task is None:
         raise UsageError("give a task YAML or a command after `--` (e.g. pytest-sky exec dev -- hostname)")
-    return _run_task(cluster, _with_env_options(task, args), args.detach)
+    return _run_task(cluster, _with_env_options(task, args), args.detach, args.timeout)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

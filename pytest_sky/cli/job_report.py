@@ -11,6 +11,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from pytest_sky import console
+from pytest_sky.errors import RunTimeoutError
 from pytest_sky.protocol import LIVE, FailedPhase, JobStatus
 
 #: The name of a task made from a command line (SkyPilot's ``sky-cmd``); ``-n`` overrides it.
@@ -106,15 +107,20 @@ def cancelled(ids: list[int]) -> str:
     return f"Cancelled job ID(s): {', '.join(map(str, ids))}"
 
 
-def follow(cluster, job, *, tail: int = 0) -> int:
+def follow(cluster, job, *, tail: int = 0, timeout: float | None = None) -> int:
     """Stream a job's log until it ends (``tail``: from the last lines written so far); its
-    exit code as ``sky``'s (100: failed).  Ctrl-C stops following, never the job."""
+    exit code as ``sky``'s (100: failed).  Ctrl-C stops following, never the job; past
+    ``timeout`` seconds the job is a hung run: where every rank is gets printed, then the
+    job is cancelled (exit 103, sky's for a cancelled job)."""
     skip = max(0, len(job.logs().splitlines()) - tail) if tail else 0
     try:
-        for number, line in enumerate(job.logs(follow=True)):
+        for number, line in enumerate(job.logs(follow=True, timeout=timeout)):
             if number >= skip:
                 print(line, flush=True)
         status = job.wait(60)
+    except RunTimeoutError:
+        assert timeout is not None
+        return _stop_hung(cluster, job, timeout)
     except KeyboardInterrupt:
         console.hint(
             f"job {job.id} keeps running on {cluster.name}; follow it with "
@@ -127,4 +133,15 @@ def follow(cluster, job, *, tail: int = 0) -> int:
         result = job.result()
         if result.error:
             console.error(f"job {job.id}: {result.error}")
+    return JobExitCode.of(status)
+
+
+def _stop_hung(cluster, job, timeout: float) -> int:
+    """A job past its ``--timeout``: where every rank is, then cancelled."""
+    capture = job.capture(f"at the deadline ({timeout:g} s)")
+    if capture is not None:
+        print(capture.summary(), end="", flush=True)
+    console.error(f"job {job.id} on {cluster.name} did not finish within {timeout:g} s: cancelling it")
+    status = job.cancel()
+    print(finished(status, job.info().get("failed_phase")), flush=True)
     return JobExitCode.of(status)

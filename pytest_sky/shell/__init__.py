@@ -53,12 +53,16 @@ CGROUP_PREFIX = "psky-job-"
 PROGRAM_VAR = "PSKY_PROGRAM"
 RUN_PROGRAM = f'eval "unset {PROGRAM_VAR}; ${PROGRAM_VAR}"'
 
+#: The directory, under a node's home, that every session's and rank's ``PYTHONPATH`` names:
+#: it holds the ``sitecustomize`` that arms every Python process's stacks (``agent.site_hook``).
+SITE_DIR = ".sky/python"
 #: The environment variable that tells a pod's bootstrap its rank (which host key is its own).
 POD_RANK_VAR = "PSKY_RANK"
 #: What the node probe prints before each command or module a node lacks.
 MISSING_MARK = "MISSING"
 #: Every name above: what the scripts may spell.
 MARKERS = (
+    SITE_DIR,
     POD_RANK_VAR,
     AGENT_BUNDLE,
     AGENT_PID_FILE,

@@ -46,8 +46,10 @@ cp "$S/authorized_keys" "$HOME/.ssh/authorized_keys"
 cp "$S/id_ed25519" "$HOME/.ssh/id_ed25519"
 cp "$S/id_ed25519.pub" "$HOME/.ssh/id_ed25519.pub"
 cp "$S/agent.pyz" "$HOME/.sky/agent.pyz"
+mkdir -p "$HOME/.sky/python"
+cp "$S/sitecustomize.py" "$HOME/.sky/python/sitecustomize.py"
 cp "$S/host_key_$PSKY_RANK" "$R/ssh_host_ed25519_key"
 # The config comes in the Secret (ssh.sshd renders every backend's); only the image knows
-# its PATH, so the pod appends that line itself.
-{ cat "$S/sshd_config"; echo "SetEnv PATH=$PATH"; } >"$R/sshd_config"
+# its PATH and home, so the pod appends that line itself (sshd reads one SetEnv line).
+{ cat "$S/sshd_config"; echo "SetEnv PATH=$PATH PYTHONPATH=$HOME/.sky/python"; } >"$R/sshd_config"
 exec "$SSHD" -D -e -f "$R/sshd_config"

@@ -72,13 +72,15 @@ def render(
     control_path: str | None = None,
     control_master: str = "auto",
     extra_patterns: Sequence[str] = (),
+    send_env: Sequence[str] = (),
 ) -> str:
     """One ``Host`` block per node, then the shared settings under ``Host`` patterns.
 
     ``control_path`` (multiplexing on) must name this launch alone: ssh's ``%C`` hashes only
     the host, port and user, which two same-named clusters share (see
     ``bootstrap.control_path``).  ``extra_patterns`` adds hosts the shared settings apply to (on nodes: ``*``, so a bare
-    worker IP picks up the key and known_hosts too).
+    worker IP picks up the key and known_hosts too).  ``send_env`` names variables each
+    session takes along (``SendEnv``; the nodes' sshd accepts them, ``ssh.sshd``).
     """
     out = ["# Written by pytest-sky; regenerated on every launch.", ""]
     for e in entries:
@@ -105,5 +107,6 @@ def render(
             seen.append(p)
     out.append(f"Host {' '.join(seen)}")
     out += _common(identity_file, known_hosts, control_path, control_master)
+    out += [f"  SendEnv {name}" for name in send_env]
     out.append("")
     return "\n".join(out)

@@ -12,6 +12,7 @@ import functools
 import re
 import subprocess
 
+from pytest_sky import shell
 from pytest_sky.ssh.config import KEX
 
 
@@ -40,15 +41,18 @@ def render(
     host_key: str,
     pid_file: str,
     path_env: str | None,
+    home: str = "",
     print_last_log: bool = True,
 ) -> str:
     """The text of an ``sshd_config``.
 
     ``listen`` is ``address:port`` (``ListenAddress``: a namespace node answers on its own
     address only) or a bare port (``Port``: a pod answers on every address it has).
-    ``path_env`` is the PATH every session gets (``SetEnv``); None leaves the line out, for a
-    caller that appends it where the PATH is known (a pod's image).  ``print_last_log=False``
-    leaves ``PrintLastLog`` out, for an sshd that may be built without lastlog support.
+    ``path_env`` is the PATH every session gets (``SetEnv``, with a ``PYTHONPATH`` naming
+    ``home``'s :data:`~pytest_sky.shell.SITE_DIR`, where the ``sitecustomize`` that arms every
+    Python process's stacks lives); None leaves the line out, for a caller that appends it
+    where the PATH and home are known (a pod's image).  ``print_last_log=False`` leaves
+    ``PrintLastLog`` out, for an sshd that may be built without lastlog support.
     """
     listen_line = f"Port {listen}" if listen.isdigit() else f"ListenAddress {listen}"
     lines = [
@@ -73,9 +77,13 @@ def render(
         f"KexAlgorithms {KEX}",  # the client's list: names any sshd from 7.4 on accepts
         "ClientAliveInterval 5",
         "ClientAliveCountMax 3",
+        # A job's token, which its sessions to other nodes take along (``SendEnv``): their
+        # processes are the job's there too.
+        f"AcceptEnv {shell.JOB_SCOPE_VAR}",
         # Nodes share the host's filesystem: a run should find the tools pytest runs with.
-        # (A pod's PATH is its image's: the pod appends this line itself.)
-        *([f"SetEnv PATH={path_env}"] if path_env is not None else []),
+        # (A pod's PATH is its image's: the pod appends this line itself.)  sshd takes the
+        # first SetEnv line only: every variable is on this one.
+        *([f"SetEnv PATH={path_env} PYTHONPATH={home}/{shell.SITE_DIR}"] if path_env is not None else []),
         "Subsystem sftp internal-sftp",
         "LogLevel ERROR",
         "",
