@@ -144,7 +144,7 @@ def _steps(
 ) -> tuple[Steps, PeerPlan | None]:
     """The sections this run measures, in order, and the peers' plan (None without ``--peers``).
     ``figures`` is the list the run fills: the Kubernetes section reads the local rows in it."""
-    from bench import rootless, sections
+    from bench import hang_report, rootless, sections
 
     plan = sections.Plan.quick() if args.quick else sections.Plan.full()
     steps: Steps = [
@@ -152,6 +152,7 @@ def _steps(
         ("run latency", lambda: sections.run_latency(plan, namer)),
         ("ssh concurrency", lambda: sections.concurrency(plan, namer)),
         ("all_reduce", lambda: sections.allreduce(plan, namer)),
+        (hang_report.SECTION, lambda: hang_report.measure(plan, namer)),
         (rootless.SECTION, lambda: rootless.versus_root(plan, namer)),
     ]
     peer_plan = None
