@@ -4,7 +4,8 @@
 # it too, without sudo, for a virtualenv of their own (the local backend runs rootless for them).
 #   - Debian packages: OpenSSH (server and client), iproute2, OpenMPI, tmux, sudo (setup
 #     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py),
-#     tcpdump (tests/test_secrets.py reads what crosses a cluster's bridge)
+#     tcpdump (tests/test_secrets.py reads what crosses a cluster's bridge), and Slurm with
+#     munge for the Slurm testbed (python -m slurm_testbed; no daemon is started)
 #   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
 #     NeMo (the [nemo] extra: the smoke suite trains a NeMo model across nodes on CPU)
 set -euo pipefail
@@ -17,6 +18,7 @@ declare -A NEED=(
   [sshd]=openssh-server [ssh]=openssh-client [ip]=iproute2 [unshare]=util-linux
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev [tmux]=tmux [iptables]=iptables [sudo]=sudo
   [shellcheck]=shellcheck [tcpdump]=tcpdump
+  [slurmctld]=slurmctld [slurmd]=slurmd [sbatch]=slurm-client [munged]=munge
 )
 missing=()
 for tool in "${!NEED[@]}"; do

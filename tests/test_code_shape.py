@@ -1,6 +1,6 @@
-"""No function in ``pytest_sky``, ``kube_emulator`` or ``bench`` is longer than 60 lines; no
-module of the repository's code (those three, the tests, the smoke suite, the examples) is
-over 600 and no class over 400.
+"""No function in ``pytest_sky``, ``kube_emulator``, ``slurm_testbed`` or ``bench`` is longer
+than 60 lines; no module of the repository's code (those four, the tests, the smoke suite, the
+examples) is over 600 and no class over 400.
 
 A function that does not fit on a screen usually does several things, and each should have
 a name (and a docstring saying why).  Length is from the ``def`` line to the end of the
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# The plugin, the emulator its tests run on, and the benchmark that measures them.
-ROOTS = [REPO / "pytest_sky", REPO / "kube_emulator", REPO / "bench"]
+# The plugin, the emulator and the Slurm testbed its tests run on, and the benchmark that measures them.
+ROOTS = [REPO / "pytest_sky", REPO / "kube_emulator", REPO / "slurm_testbed", REPO / "bench"]
 LIMIT = 60
 
 

@@ -1,11 +1,13 @@
 """Each package's import graph against the layer order written in its docstring.
 
-A newcomer reads ``pytest_sky/__init__.py`` (and ``kube_emulator/__init__.py`` for the
-Kubernetes API emulator) to learn which module may use which; this test keeps that true: no
-module imports one of a higher layer (lazily inside a function or under ``TYPE_CHECKING``
-included, since both still tie the two together), no import circle, and no module missing
-from the list.  Between the two packages the door is one module: the emulator reaches the
-plugin only through ``kube_emulator/product.py``, and the plugin never imports the emulator.
+A newcomer reads ``pytest_sky/__init__.py`` (``kube_emulator/__init__.py`` for the
+Kubernetes API emulator, ``slurm_testbed/__init__.py`` for the Slurm testbed) to learn which
+module may use which; this test keeps that true: no module imports one of a higher layer
+(lazily inside a function or under ``TYPE_CHECKING`` included, since both still tie the two
+together), no import circle, and no module missing from the list.  Between the plugin and
+each piece of test infrastructure the door is one module: the emulator reaches the plugin
+only through ``kube_emulator/product.py``, the testbed only through
+``slurm_testbed/product.py``, and the plugin imports neither.
 """
 
 from __future__ import annotations
@@ -77,7 +79,12 @@ def _within(module: str, package: str) -> bool:
 
 PLUGIN = Package("pytest_sky")
 EMULATOR = Package("kube_emulator")
-PACKAGES = [pytest.param(PLUGIN, id="pytest_sky"), pytest.param(EMULATOR, id="kube_emulator")]
+TESTBED = Package("slurm_testbed")
+PACKAGES = [
+    pytest.param(PLUGIN, id="pytest_sky"),
+    pytest.param(EMULATOR, id="kube_emulator"),
+    pytest.param(TESTBED, id="slurm_testbed"),
+]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -119,14 +126,16 @@ def test_no_import_circle(package: Package) -> None:
     assert circles == []
 
 
-def test_the_emulator_reaches_the_plugin_only_through_its_product_module() -> None:
-    """One door: a change inside the plugin breaks the emulator in one visible place."""
-    through = {EMULATOR.short(m) for m in EMULATOR.modules if EMULATOR.imports(m, of=PLUGIN.name)}
+@pytest.mark.parametrize("infrastructure", [EMULATOR, TESTBED], ids=["kube_emulator", "slurm_testbed"])
+def test_test_infrastructure_reaches_the_plugin_only_through_its_product_module(infrastructure: Package) -> None:
+    """One door: a change inside the plugin breaks the emulator (or testbed) in one visible place."""
+    through = {infrastructure.short(m) for m in infrastructure.modules if infrastructure.imports(m, of=PLUGIN.name)}
     assert through == {"product"}
 
 
-def test_the_plugin_never_imports_the_emulator() -> None:
-    assert [m for m in PLUGIN.modules if PLUGIN.imports(m, of=EMULATOR.name)] == []
+@pytest.mark.parametrize("infrastructure", [EMULATOR, TESTBED], ids=["kube_emulator", "slurm_testbed"])
+def test_the_plugin_never_imports_test_infrastructure(infrastructure: Package) -> None:
+    assert [m for m in PLUGIN.modules if PLUGIN.imports(m, of=infrastructure.name)] == []
 
 
 def test_the_checker_sees_an_upward_import() -> None:
