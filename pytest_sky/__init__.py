@@ -1,4 +1,4 @@
-"""pytest-sky: multi-node clusters for tests, on this machine or on Kubernetes.
+"""pytest-sky: multi-node clusters for tests, on this machine, on Kubernetes or on Slurm.
 
 The public contract (DESIGN.md section 2) is what this module exports.
 
@@ -9,8 +9,8 @@ agent fans the ranks out to the workers (``agent.fanout``; ``agent.remote``: eac
 server, or head-to-worker SSH; each rank supervised by its node's server, ``agent.supervisor``,
 or else by the bash supervisor that ``agent.rank`` reads from ``shell``) and streams
 ``protocol`` events back, which the runner turns into the ``RunResult``.  Before that,
-``lifecycle.provision`` had a backend (``backends.local``, ``backends.kubernetes``) create the
-nodes and return a ``cluster_info.ClusterInfo``.
+``lifecycle.provision`` had a backend (``backends.local``, ``backends.kubernetes``,
+``backends.slurm``) create the nodes and return a ``cluster_info.ClusterInfo``.
 
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
@@ -29,8 +29,9 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_permissions,
    backends.kube_client,
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
-   backends.kube_files: the backend interface and its parts
-4. backends.local_journal, backends.local, backends.kubernetes, backends
+   backends.kube_files, backends.slurm_site, backends.slurm_owner, backends.slurm_journal,
+   backends.slurm_steps, backends.slurm_submit: the backend interface and its parts
+4. backends.local_journal, backends.local, backends.kubernetes, backends.slurm, backends
 5. agent.site_hook, agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.stacks,
    agent.fanout, agent.control, agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
 6. diagnosis, runner, job, timeline: the client side of a run

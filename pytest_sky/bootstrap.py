@@ -183,10 +183,13 @@ def _bytecode(sources: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def node_names(cluster: str, node: NodeInfo) -> list[str]:
-    names = [node.hostname, node.name]
+    """What a node answers to in every ssh file: its hostname, its role (``worker1``) and
+    ``<cluster>-<role>``, which is its hostname where the backend names its machines (a
+    Slurm node's is the site's); the head also as the cluster."""
+    names = [node.hostname, node.name, f"{cluster}-{node.name}"]
     if node.rank == 0:
         names.insert(0, cluster)
-    return names
+    return list(dict.fromkeys(names))
 
 
 def known_hosts(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> str:
@@ -228,15 +231,28 @@ def home_files(keys: ClusterKeys) -> HomeFiles:
     }
 
 
-def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys) -> HomeFiles:
-    """Every peer by name and IP, with its host key: written once every address is known."""
+def peer_files(cluster: str, nodes: list[NodeInfo], keys: ClusterKeys, home: str = "~") -> HomeFiles:
+    """Every peer by name and IP, with its host key: written once every address is known.
+
+    Each peer's sshd listens on its route's port (22 but on a shared Slurm node, where each
+    has a port of its own), and its key is checked under its hostname whatever the port
+    (``[ip]:port`` would need a known_hosts line of its own).  ``home``: where the home
+    files lie on every node (``ClusterInfo.home``): OpenSSH reads a ``~`` in its config as
+    the account's home, which on a Slurm node is not the rank's."""
     entries = [
-        ssh_config.HostEntry(alias=" ".join(node_names(cluster, n)), hostname=n.ip, user=n.route.user) for n in nodes
+        ssh_config.HostEntry(
+            alias=" ".join(node_names(cluster, n)),
+            hostname=n.ip,
+            port=n.route.port,
+            user=n.route.user,
+            host_key_alias=n.hostname,
+        )
+        for n in nodes
     ]
     cfg = ssh_config.render(
         entries,
-        identity_file="~/.ssh/id_ed25519",
-        known_hosts="~/.ssh/known_hosts",
+        identity_file=f"{home}/.ssh/id_ed25519",
+        known_hosts=f"{home}/.ssh/known_hosts",
         extra_patterns=["*"],
         # A job's token goes along to the sessions it opens on other nodes (mpirun's remote
         # ranks): they are the job's there too (``agent.stacks``, the leftover check).
@@ -385,7 +401,7 @@ def write_client_files(
     kh.write_text(known_hosts(cluster, nodes, keys))
     entries = []
     for n in nodes:
-        alias = cluster if n.rank == 0 else n.hostname
+        alias = cluster if n.rank == 0 else f"{cluster}-{n.name}"  # the contract's name, whatever the hostname
         r = n.route
         entries.append(
             ssh_config.HostEntry(

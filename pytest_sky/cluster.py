@@ -19,7 +19,7 @@ from pytest_sky import bootstrap, console, lifecycle, shell
 from pytest_sky.backends import clusterns, get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
-from pytest_sky.cluster_info import ClusterInfo, SshRoute
+from pytest_sky.cluster_info import ClusterInfo, NodeInfo
 from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, SkyError, TaskError
 from pytest_sky.job import Job
 from pytest_sky.protocol import DEFAULT_JOB_CPUS, NodeRef, RunSpec, door_secret
@@ -341,7 +341,10 @@ class Cluster:
         )
 
     def _door(self) -> Door | None:
-        """The way to the head's agent server, its secret from the cluster key this client holds."""
+        """The way to the head's agent server (its secret from the cluster key this client
+        holds), where its nodes keep one (``ClusterInfo.agent_servers``)."""
+        if not self.info.agent_servers:
+            return None
         if self._door_state is None:
             try:
                 key = (self._store.cluster_dir(self.name) / "id_ed25519").read_bytes()
@@ -359,7 +362,7 @@ class Cluster:
         merged = {"PYTHONUNBUFFERED": "1", **info.env, **task.envs, **given}  # the backend's for every rank
         envs = {k: v for k, v in merged.items() if k not in secrets}
         # As `sky exec`: a task runs on the first num_nodes nodes (a command string on all).
-        nodes = [NodeRef(n.rank, n.name, n.ip, ssh_target=n.ip, env=dict(n.env)) for n in info.nodes[: task.num_nodes]]
+        nodes = [NodeRef(n.rank, n.name, n.ip, n.ip, dict(n.env), list(n.step)) for n in info.nodes[: task.num_nodes]]
         return RunSpec(
             cluster=self.name,
             task_name=task.display_name,
@@ -414,22 +417,29 @@ class Cluster:
             transport = self._client.get_transport() if self._client is not None else None
             if transport is None or not transport.is_active():
                 self._close_client()
-                self._client = self._connect(self.info.head.route)
+                self._client = self._connect(self.info.head)
             return self._client  # type: ignore[return-value]  # open: just checked, or just made
 
-    def _connect(self, route: SshRoute) -> paramiko.SSHClient:
-        """The client's connection to the head: direct, or through the head's port-forward,
-        asked of the cluster's forwarder or opened in this process (never a ProxyCommand
-        process: one more interpreter for every connection)."""
-        d = self._store.cluster_dir(self.name)
-        sock = None
+    def _connect(self, head: NodeInfo) -> paramiko.SSHClient:
+        """The client's connection to the head, its key checked under its hostname: direct, through
+        its port-forward (asked of the cluster's forwarder or opened in this process: no interpreter
+        per connection) or its ProxyCommand (through a Slurm site's login node)."""
+        route, d, sock = head.route, self._store.cluster_dir(self.name), None
         if route.port_forward is not None:
             self._forward = kube_proxy.open_head(route.port_forward, route.dial_socket)
             sock = self._forward.socket
         elif route.door is not None:
             sock = clusterns.dial(route.door, route.hostname, route.port)
         keys, proxy = (d / "id_ed25519", d / "known_hosts"), route.proxy_command if sock is None else None
-        return ssh_client.connect(route.hostname, route.port, *keys, user=route.user, sock=sock, proxy_command=proxy)  # type: ignore[arg-type]
+        return ssh_client.connect(
+            route.hostname,
+            route.port,
+            *keys,
+            user=route.user,
+            sock=sock,
+            proxy_command=proxy,
+            host_key_alias=head.hostname,
+        )  # type: ignore[arg-type]  # sock: a socket or paramiko's own channel, as paramiko takes
 
 
 # ------------------------------------------------------------------------------ shared clusters

@@ -70,6 +70,10 @@ class NodeInfo:
     #: What this node's ranks get from the backend, e.g. its GPU share (CUDA_VISIBLE_DEVICES);
     #: the task's own envs win over it.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: How the head starts a process on this node where each rank must be a job step of the
+    #: node's allocation (Slurm: ``srun --jobid ... --nodelist <node>``), the command following
+    #: these words; empty: the head reaches the node's agent server, or it over SSH.
+    step: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,15 @@ class ClusterInfo:
     cloud: str = "local"
     region: str | None = "local"
     zone: str | None = None
+    #: Where the home files lie on every node, for the files that name them by path (OpenSSH
+    #: reads ``~`` as the account's home, whatever ``$HOME`` says): ``~``, or one absolute
+    #: directory, the same on every node, where a node's home is not its account's (a Slurm
+    #: allocation's node-local directory).
+    home: str = "~"
+    #: Whether nodes keep an agent server on their port (``agent.server``): not where a node
+    #: is shared with other jobs, whose port is not the cluster's own, and every rank must be
+    #: a job step of the allocation (Slurm).
+    agent_servers: bool = True
 
     @property
     def head(self) -> NodeInfo:
@@ -106,7 +119,14 @@ class ClusterInfo:
     @classmethod
     def from_dict(cls, data: Mapping) -> ClusterInfo:
         nodes = tuple(
-            NodeInfo(**{**n, "route": SshRoute.from_dict(n["route"]), "env": dict(n.get("env") or {})})
+            NodeInfo(
+                **{
+                    **n,
+                    "route": SshRoute.from_dict(n["route"]),
+                    "env": dict(n.get("env") or {}),
+                    "step": tuple(n.get("step") or ()),
+                }
+            )
             for n in data["nodes"]
         )
         return cls(**{**data, "nodes": nodes, "env": dict(data.get("env") or {})})

@@ -178,7 +178,7 @@ def _write_addresses(backend: Backend, store: StateStore, name: str, info: Clust
     """What names every node by its address: each node's ``~/.ssh/config`` and
     ``known_hosts``, then the client's; and the client's shared connection, where it has one."""
     nodes = list(info.nodes)
-    backend.put_files(name, store.journal(name), info, bootstrap.peer_files(name, nodes, keys))
+    backend.put_files(name, store.journal(name), info, bootstrap.peer_files(name, nodes, keys, info.home))
     cfg = bootstrap.write_client_files(
         store.cluster_dir(name),
         name,

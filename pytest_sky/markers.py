@@ -19,6 +19,7 @@ MARKERS = {
     "scope='class'/'module'/'session' shares one among that scope's tests of the same shape",
     "kubernetes": "run only with the Kubernetes backend (--kubernetes)",
     "no_kubernetes": "skip with the Kubernetes backend",
+    "no_slurm": "no_slurm(reason): skip with the Slurm backend, saying why a Slurm allocation cannot do it",
     "gpu": "needs a GPU; skipped with a reason where the backend has none",
 }
 

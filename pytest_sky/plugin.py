@@ -163,7 +163,9 @@ def _set_up(state: _SessionState) -> None:
     """The first cluster request of this process, once: SIGTERM becomes what Ctrl-C is (so a
     CI job's cancel tears clusters down), and clusters whose owner died (a run killed with
     SIGKILL) are reaped before new ones are made, with whatever else of such runs is left
-    on the machine (``lifecycle.reap_strays``)."""
+    on the machine (``lifecycle.reap_strays``), and what the backend's site still runs for an
+    owner that is gone, found there (a Slurm allocation whose session was killed on a state
+    directory since deleted: ``Backend.reap_stale``)."""
     if state.ready:
         return
     state.ready = True
@@ -174,6 +176,7 @@ def _set_up(state: _SessionState) -> None:
         state.sigterm = signal.signal(signal.SIGTERM, _terminate)
     import warnings
 
+    from pytest_sky.backends import get_backend
     from pytest_sky.errors import SkyError
     from pytest_sky.lifecycle import reap_clusters, reap_strays
     from pytest_sky.state import StateStore
@@ -182,6 +185,7 @@ def _set_up(state: _SessionState) -> None:
         store = StateStore()
         state.reaped += reap_clusters(store)
         state.strays += reap_strays(store)
+        state.reaped += get_backend(state.settings.backend, **state.settings.backend_options()).reap_stale()
     except (SkyError, OSError) as exc:
         warnings.warn(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), stacklevel=2)
 
@@ -218,6 +222,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="runs only on the Kubernetes backend (--kubernetes)"))
         if item.get_closest_marker("no_kubernetes") and on_k8s:
             item.add_marker(pytest.mark.skip(reason="not supported on the Kubernetes backend"))
+        no_slurm = item.get_closest_marker("no_slurm")
+        if no_slurm is not None and settings.backend == "slurm":
+            item.add_marker(pytest.mark.skip(reason=": ".join(["not supported on Slurm", *no_slurm.args[:1]])))
         if item.get_closest_marker("gpu"):
             if no_gpu == "":
                 no_gpu = _backend_gpu_absence(settings)
@@ -377,7 +384,7 @@ def sky_settings(request: pytest.FixtureRequest) -> Settings:
 
 @pytest.fixture(scope="session")
 def sky_backend(request: pytest.FixtureRequest) -> str:
-    """The selected backend's name: 'local' or 'kubernetes'."""
+    """The selected backend's name: 'local', 'kubernetes' or 'slurm'."""
     return request.config.stash[_state_key].settings.backend
 
 

@@ -183,6 +183,9 @@ class NodeRef:
     ssh_target: str  # what the head's ssh dials for this rank (an alias of its ~/.ssh/config, or the IP)
     #: The backend's values for this node (its CUDA_VISIBLE_DEVICES); the task's envs win.
     env: dict[str, str] = field(default_factory=dict)
+    #: The words that start the rank as a job step of the node's allocation (``srun ...``),
+    #: where ranks must be job steps (Slurm); empty: its agent server, or ssh.
+    step: list[str] = field(default_factory=list)
 
 
 #: What stands in place of a secret's value: in a record (``spec.json``), a repr, and where a

@@ -30,6 +30,8 @@ class BackendEntry:
     needs: tuple[tuple[str, str], ...] = ()
     #: Whether its clusters can be stopped and started again with their disks (``stop``/``start``).
     can_stop: bool = False
+    #: Why not, where they cannot: what ``pytest-sky stop`` says.
+    cannot_stop: str = ""
 
 
 BACKENDS: tuple[BackendEntry, ...] = (
@@ -47,6 +49,14 @@ BACKENDS: tuple[BackendEntry, ...] = (
         "pods on the current kube context",
         takes_context=True,
         needs=(("kubernetes", "kubernetes>=28"),),
+        cannot_stop="a pod has no stopped state; SkyPilot refuses too",
+    ),
+    BackendEntry(
+        "slurm",
+        (),
+        "pytest_sky.backends.slurm:SlurmBackend",
+        "one allocation of a Slurm cluster, reached over SSH through its login node (~/.slurm/config)",
+        cannot_stop="an allocation ends when cancelled and is not the user's to suspend; SkyPilot refuses too",
     ),
 )
 

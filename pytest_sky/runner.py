@@ -342,7 +342,8 @@ class AgentClient:
     connect: Callable[[], paramiko.SSHClient]
     python: str  # the head's interpreter
     agent_path: str  # the bundle on the head, e.g. ``~/.sky/agent.pyz``
-    #: The way to the head's agent server; None: every run execs the agent.
+    #: The way to the head's agent server; None: every run execs the agent, and none starts a
+    #: server (the nodes keep none: ``ClusterInfo.agent_servers``).
     door: Door | None = None
     #: Told of every run or wait that did not end by itself, with where its ranks were.
     on_stopped: Callable[[StoppedRun], None] | None = None
@@ -403,7 +404,8 @@ class AgentClient:
         deadline = None if timeout is None else started + timeout
         chan = self._served("run")
         if chan is None:
-            chan = self._channel(["run", "--serve"])
+            # Where nodes keep servers, this exec starts the head's, for the next run.
+            chan = self._channel(["run", "--serve"] if self.door is not None else ["run"])
             if self.door is not None:
                 self.door.answered = True  # that agent started a server, for the next run
         collector = _Collector(spec, on_line)

@@ -35,6 +35,10 @@ DEFAULT_KUBE_IMAGE = "python:3.11-slim-bookworm"
 #: torch's imports and a rendezvous on loaded CI machines, short enough that a hung test
 #: says where its ranks wait well before a CI job's own limit kills it silently.
 DEFAULT_RUN_TIMEOUT = 600.0
+#: Where the Slurm backend finds its login node (SkyPilot's file) and the time limit of an
+#: allocation, unless set (``backends.slurm_site``, ``backends.slurm_steps`` use them).
+SLURM_CONFIG = "~/.slurm/config"
+SLURM_TIME = "1:00:00"
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -86,6 +90,8 @@ class Option:
     shown: bool = True
     #: Also a flag of ``pytest-sky launch`` (not ``--keep-clusters``: the CLI always keeps).
     on_cli: bool = True
+    #: The backend a switch chooses (``--kubernetes``, ``--slurm``: ``--backend NAME`` in short).
+    selects: str | None = None
 
     @property
     def env(self) -> str:
@@ -120,7 +126,8 @@ class Option:
             return raw is True or (isinstance(raw, str) and raw.strip().lower() in _TRUE)
         if self.kind is Kind.BACKEND:
             if raw not in registry.spellings():
-                known = " or ".join(repr(n) for n in registry.names())
+                names = [repr(n) for n in registry.names()]
+                known = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
                 raise SettingsError(f"{source}={raw!r} is not a backend: use {known}")
             return registry.canonical(str(raw))
         if self.kind in (Kind.WHOLE, Kind.SECONDS):
@@ -146,7 +153,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "kubernetes", "--kubernetes", "same as --backend kubernetes: pods on the current kube context", Kind.SWITCH,
-        shown=False,
+        shown=False, selects="kubernetes",
+    ),
+    Option(
+        "slurm", "--slurm", "same as --backend slurm: an allocation of the Slurm cluster of ~/.slurm/config",
+        Kind.SWITCH, shown=False, selects="slurm",
     ),
     Option(
         "kube_context", "--kube-context", "kubeconfig context to use", metavar="CONTEXT",
@@ -173,6 +184,39 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kube_timeout", "--kube-timeout", "seconds a launch waits for its pods to be ready", Kind.SECONDS,
         metavar="SECONDS", backend="kubernetes", keyword="ready_timeout", unset="(the backend's)",
+    ),
+    Option(
+        "slurm_config", "--slurm-config", f"SSH config whose Host is the Slurm login node (default {SLURM_CONFIG})",
+        metavar="FILE", backend="slurm", keyword="config", unset=SLURM_CONFIG,
+    ),
+    Option(
+        "slurm_cluster", "--slurm-cluster", "the Host of the Slurm config to use (default: its only one)",
+        metavar="NAME", backend="slurm", keyword="cluster", unset="(the config's only Host)",
+    ),
+    Option(
+        "slurm_partition", "--slurm-partition", "Slurm partition of the allocations", metavar="PARTITION",
+        backend="slurm", keyword="partition", unset="(the site's default)",
+    ),
+    Option(
+        "slurm_account", "--slurm-account", "Slurm account the allocations are charged to", metavar="ACCOUNT",
+        backend="slurm", keyword="account", unset="(the user's default)",
+    ),
+    Option(
+        "slurm_qos", "--slurm-qos", "Slurm QOS of the allocations", metavar="QOS",
+        backend="slurm", keyword="qos", unset="(the site's default)",
+    ),
+    Option(
+        "slurm_time", "--slurm-time", f"time limit of each allocation, Slurm's format (default {SLURM_TIME})",
+        metavar="TIME", backend="slurm", keyword="time_limit", unset=SLURM_TIME,
+    ),
+    Option(
+        "slurm_shared_dir", "--slurm-shared-dir",
+        "a directory every node of the Slurm site mounts (NFS, Lustre): a test's shared_dir, one cluster at a time",
+        metavar="PATH", backend="slurm", keyword="shared_dir", unset="(none)",
+    ),
+    Option(
+        "slurm_timeout", "--slurm-timeout", "seconds a launch waits for its allocation to run", Kind.SECONDS,
+        metavar="SECONDS", backend="slurm", keyword="ready_timeout", unset="300",
     ),
     Option(
         "keep_clusters", "--keep-clusters", "do not tear clusters down; print how to reach and delete them",
@@ -219,6 +263,14 @@ class Settings:
     kube_gpu_label: str | None = None
     #: Seconds an attached run in a pytest session may take (None: the default; 0: none).
     run_timeout: float | None = None
+    slurm_config: str | None = None  # the SSH config naming the login node (PYTEST_SKY_SLURM_CONFIG)
+    slurm_cluster: str | None = None  # its Host
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_qos: str | None = None
+    slurm_time: str | None = None  # each allocation's --time
+    slurm_shared_dir: str | None = None  # the site's shared directory that shared_dir may name
+    slurm_timeout: float | None = None  # seconds a launch waits for its allocation to run
     #: Where each value came from: ``--backend``, ``PYTEST_SKY_BACKEND``, ``sky_backend in
     #: pytest.ini`` or ``default``.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -275,7 +327,8 @@ class Settings:
         image = resources.image_id
         if image is not None:
             if backend != "kubernetes":
-                notes.append(f"image_id {image} has no effect on the local backend: nodes run this machine's software")
+                whose = "the site's" if backend == "slurm" else "this machine's"
+                notes.append(f"image_id {image} has no effect on the {backend} backend: nodes run {whose} software")
             elif self.given("kube_image"):
                 notes.append(f"the task's image_id {image} is not used: {self.sources['kube_image']} chose the image")
             else:
@@ -318,9 +371,9 @@ def resolve(
     None: not given), the environment's twins and the ini file's keys (``ini``, by
     :attr:`Option.ini`, as pytest read them from ``ini_file``; empty: not set).
 
-    ``--kubernetes`` is ``--backend kubernetes``; at the same level (command line, environment,
-    ini) the ``kubernetes`` switch wins over a ``backend`` name, and a higher level wins over
-    a lower one whichever of the two it sets.
+    ``--kubernetes`` is ``--backend kubernetes`` and ``--slurm`` ``--backend slurm``; at the same
+    level (command line, environment, ini) a switch wins over a ``backend`` name, and a higher
+    level wins over a lower one whichever of the two it sets.
     """
     unknown = sorted(set(given) - set(_BY_NAME))
     if unknown:
@@ -341,8 +394,24 @@ def resolve(
                 values[option.name] = option.parse(raw, source)
                 sources[option.name], levels[option.name] = source, level
                 break
-    switch = "kubernetes" in values and values.pop("kubernetes")
-    switch_source = sources.pop("kubernetes", None)
-    if switch and levels["kubernetes"] <= levels.get("backend", len(found)):
-        values["backend"], sources["backend"] = "kubernetes", str(switch_source)
+    _apply_switches(values, sources, levels)
     return Settings(**values, sources=sources)
+
+
+def _apply_switches(values: dict[str, Any], sources: dict[str, str], levels: dict[str, int]) -> None:
+    """``--kubernetes`` and ``--slurm`` into ``backend``: the switches set at the highest level
+    (command line, environment, ini) count; there, one wins over a ``backend`` name at the
+    same level or a lower one, and two choosing different backends are an error."""
+    on = [(o, levels[o.name], sources[o.name]) for o in OPTIONS if o.selects and values.pop(o.name, False)]
+    for o in OPTIONS:
+        if o.selects:
+            sources.pop(o.name, None)
+    if not on:
+        return
+    top = min(level for _, level, _ in on)
+    pick = [(o, source) for o, level, source in on if level == top]
+    if len(pick) > 1:
+        raise SettingsError(f"{' and '.join(source for _, source in pick)} choose different backends: give one")
+    option, source = pick[0]
+    if top <= levels.get("backend", top):
+        values["backend"], sources["backend"] = option.selects, source

@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partition", default="debug", help="the one partition's name (default debug)")
     p.add_argument("--name", default="testbed", help="the Slurm cluster's name and the login node's Host")
     p.add_argument(
+        "--shared-dir", metavar="PATH", help="one directory every node mounts at PATH, as a site's NFS (default: none)"
+    )
+    p.add_argument(
         "--user", default="root", choices=("root", ORDINARY_USER), help="who the SSH config logs in as (default root)"
     )
     return p.parse_args(argv)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_type=args.gpu_type,
         partition=args.partition,
         user=args.user,
+        shared_dir=args.shared_dir,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -48,6 +48,8 @@ class Shape:
     partition: str = "debug"
     #: Who logs in to the login node (root, or :data:`ORDINARY_USER`).
     user: str = "root"
+    #: Where every node mounts one shared directory, as a site's NFS (None: nodes share none).
+    shared_dir: str | None = None
 
     def check(self) -> None:
         """Refuse a shape the testbed cannot make, in one line each."""
@@ -57,6 +59,8 @@ class Shape:
             raise ValueError(f"--gpus-per-node must be between 0 and {len(FAKE_GPU_TARGETS)}, got {self.gpus_per_node}")
         if self.cpus_per_node < 1 or self.memory_mb < 256:
             raise ValueError("each node needs at least 1 CPU and 256 MB")
+        if self.shared_dir is not None and not self.shared_dir.startswith("/"):
+            raise ValueError(f"--shared-dir must be an absolute path, got {self.shared_dir!r}")
         if self.user not in ("root", ORDINARY_USER):
             raise ValueError(f"--user must be root or {ORDINARY_USER}, got {self.user!r}")
         for word, what in ((self.name, "--name"), (self.gpu_type, "--gpu-type"), (self.partition, "--partition")):

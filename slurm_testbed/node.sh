@@ -3,7 +3,8 @@
 # TB_STEP; each step is the run section of a pytest-sky task on the testbed's local cluster,
 # whose rank 0 is the controller and login node and whose other ranks are compute nodes.
 #
-#   prepare     write the Slurm and munge files, the ordinary user and the fake GPUs
+#   prepare     write the Slurm and munge files, the ordinary user, the fake GPUs, and open
+#               the shared directory (if any) to every user
 #   munged      munge's daemon, in the foreground (a detached job on every node)
 #   slurmctld   the controller, in the foreground (a detached job on rank 0)
 #   slurmd      a compute node's daemon, in the foreground (a detached job; rank 0 has none)
@@ -31,6 +32,9 @@ prepare() {
   cp ~/.ssh/authorized_keys "/home/$TB_USER/.ssh/authorized_keys"
   chown -R "$TB_USER:$TB_USER" "/home/$TB_USER"
   chmod 700 "/home/$TB_USER/.ssh"
+  # The site's shared directory (one directory of the testbed's, on every node), writable by
+  # every user as a scratch filesystem is.
+  [ -z "$TB_SHARED_DIR" ] || chmod 1777 "$TB_SHARED_DIR"
   if [ "$rank" = 0 ]; then
     mkdir -p /var/spool/slurmctld && chown slurm:slurm /var/spool/slurmctld
   else

@@ -111,7 +111,11 @@ class Testbed:
         reap(store)  # what a killed testbed left here
         say(f"starting {self.shape.nodes} compute node(s) and a login node")
         self.cluster = launch(
-            num_nodes=self.shape.nodes + 1, name=f"slurm-tb-{secrets.token_hex(3)}", backend="local", store=store
+            num_nodes=self.shape.nodes + 1,
+            name=f"slurm-tb-{secrets.token_hex(3)}",
+            backend="local",
+            store=store,
+            shared_dir=self.shape.shared_dir,
         )
         try:
             self._bring_up()
@@ -145,6 +149,7 @@ class Testbed:
             "TB_USER": config.ORDINARY_USER,
             "TB_UID": str(free_id()),
             "TB_GPU_LINKS": " ".join(f"{dev}={target}" for dev, target in config.fake_gpu_links(shape)),
+            "TB_SHARED_DIR": shape.shared_dir or "",
         }
         return envs, {"TB_MUNGE_KEY": base64.b64encode(os.urandom(1024)).decode()}
 

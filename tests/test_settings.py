@@ -45,7 +45,10 @@ def test_kubernetes_switch_wins_over_a_backend_name_at_each_level() -> None:
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({"PYTEST_SKY_BACKEND": "aws"}, "PYTEST_SKY_BACKEND='aws' is not a backend: use 'local' or 'kubernetes'"),
+        (
+            {"PYTEST_SKY_BACKEND": "aws"},
+            "PYTEST_SKY_BACKEND='aws' is not a backend: use 'local', 'kubernetes' or 'slurm'",
+        ),
         ({"PYTEST_SKY_MTU": "big"}, "PYTEST_SKY_MTU='big' is not a whole number (e.g. 65535)"),
     ],
 )
@@ -247,8 +250,8 @@ def test_the_header_shows_only_the_chosen_backends_settings() -> None:
 def test_the_registry_is_the_one_list_of_backends() -> None:
     from pytest_sky import registry
 
-    assert registry.names() == ("local", "kubernetes")
-    assert registry.spellings() == ("local", "kubernetes", "k8s")
+    assert registry.names() == ("local", "kubernetes", "slurm")
+    assert registry.spellings() == ("local", "kubernetes", "slurm", "k8s")
     assert registry.canonical("k8s") == "kubernetes"
     assert resolve(environ={"PYTEST_SKY_BACKEND": "k8s"}).backend == "kubernetes"
 
@@ -274,4 +277,4 @@ def test_a_backend_whose_client_is_not_installed_is_one_line_naming_the_package(
     )
     with pytest.raises(BackendUnavailableError) as info:
         get_backend("nowhere")
-    assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, faraway, k8s"
+    assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, slurm, faraway, k8s"

@@ -28,7 +28,7 @@ from pytest_sky import shell
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "pytest_sky" / "shell"
 #: Bash scripts whose names do not end in ``.sh``.
-UNSUFFIXED = ("scripts/flake-check", ".ci/run")
+UNSUFFIXED = ("scripts/flake-check", "scripts/with-slurm-testbed", ".ci/run")
 #: Directories never searched for scripts: virtualenvs, caches, build output, git's own.
 SKIPPED_DIRS = {"node_modules", "build", "dist", "__pycache__"}
 
@@ -79,6 +79,10 @@ SPELLED = {
     shell.POD_BOOTSTRAP: {shell.POD_RANK_VAR, shell.AGENT_BUNDLE},
     shell.PROBE_NODES: set(),
     shell.SYNC_FILES: set(),
+    shell.SLURM_LOGIN: set(),
+    shell.SLURM_BATCH: set(),
+    shell.SLURM_NODE: set(),
+    shell.SLURM_STEP: set(),
 }
 
 

@@ -5,8 +5,10 @@ Each rank is started through its node's agent server, which supervises it
 own included when this run is a fork of the head's server; where there is no server to ask
 (the head's rank in an exec'd run, a worker over head-to-worker SSH) it runs under the bash
 rank supervisor (``shell/rank_supervisor.sh``: a Python one started per rank would cost
-~30 ms of interpreter start per node per run).  Either way the first line is the pid of the
-rank's process group (``shell.PID_MARK``); every line after it is the rank's output, which
+~30 ms of interpreter start per node per run).  On a Slurm allocation every rank, the head's
+too, is a job step (``srun``, the node's ``NodeRef.step``) running that supervisor, but a
+worker's in a run that holds a secret (it goes over ssh).  Either way the first line is the
+pid of the rank's process group (``shell.PID_MARK``); every line after it is the rank's output, which
 :class:`Rank` masks (the task's secrets: :mod:`~pytest_sky.masking`) and hands to the job's
 :class:`~pytest_sky.agent.records.Emitter` as it comes.  Closing a rank's stdin (its
 lifeline) stops its whole tree.  A rank's program is in no command line (DESIGN.md section
@@ -182,6 +184,14 @@ def head_cgroup() -> str:
     return job_cgroup(f"{os.getpid()}-{next(_made)}")
 
 
+def in_step(node: NodeRef, program: str) -> Child:
+    """The rank as a job step of the node's allocation (Slurm): srun starts its supervisor
+    there, the program in the environment srun passes on, in no cgroup of ours (``"-"``: the
+    step's processes are Slurm's to account and to kill)."""
+    argv = [*node.step, "/bin/bash", "-c", RANK_SUPERVISOR, shell.RANK_ARGV0, "", "-"]
+    return Child(argv, capture_stderr=True, env=program_env(program))
+
+
 def over_ssh(node: NodeRef, program: str, *, start_server: str | None = None) -> Child:
     """A worker's rank over head-to-worker SSH, its program first on ssh's stdin (sshd passes
     no variable of ours; the supervisor reads it up to a NUL, which no program holds), so that
@@ -258,12 +268,16 @@ class Rank:
         self.cgroup = "-"
         from pytest_sky.agent import remote
 
-        if self.rank == 0 and remote.on_server:
+        if node.step and (self.rank == 0 or not spec.secrets):
+            # A job step (Slurm).  Not a worker's in a run that holds a secret: srun hands a
+            # step's environment to the node's slurmd unencrypted, and ssh below encrypts it.
+            self.proc: Child | Remote = remote.Remote(node, program, None, lambda: in_step(node, program))
+        elif self.rank == 0 and remote.on_server:
             # This run is a fork of the head's server: the server runs the head's rank too,
             # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes),
             # over the head's loopback.  Should it not answer, the rank's supervisor runs here
             # (it makes its own cgroup).
-            self.proc: Child | Remote = remote.Remote(
+            self.proc = remote.Remote(
                 node, program, door, lambda: supervised_here(program, "", capture_stderr=True)
             )
         elif self.rank == 0:
@@ -390,4 +404,6 @@ class Rank:
             return code, f"{phase} failed: {self.describe()} could not be reached from the head: {reason}"
         if self.rank and self.code == 255:
             return code, f"{phase} failed: lost the connection to {self.describe()} ({reason})"
+        if not self.pid and said:  # its supervisor never said its pid: srun refused the step, say
+            return code, f"{phase} failed: {self.describe()} did not start: {reason}"
         return code, f"{phase} failed on {self.describe()} with exit code {self.code}"

@@ -174,6 +174,13 @@ class Backend(ABC):
         a failed test's artifacts (Kubernetes: each pod's events and container log); [] here."""
         return []
 
+    def reap_stale(self) -> list[str]:
+        """Remove what this backend's site still runs for clusters whose owner is gone, found
+        there rather than in a state directory (a killed session's, whose directory may be
+        gone too); what went, one entry each.  Never what another user, or no pytest-sky,
+        made.  Nothing here: a local node dies with its machine's state directory's reaper."""
+        return []
+
     def leftovers(self, name: str, journal: Journal) -> str:
         """What of the cluster may still exist, and where, when its record is forgotten
         without ``destroy`` succeeding (``pytest-sky down --purge``); read from the journal."""

@@ -49,14 +49,18 @@ class _Parser(argparse.ArgumentParser):
 # ----------------------------------------------------------------------------- helpers
 
 
-def _add_cluster_options(p: argparse.ArgumentParser) -> None:
-    """Where a launched cluster runs (the settings table's flags, as pytest has them), whether
-    its nodes share a directory, what they may do."""
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    """Which backend, and where it reaches (the settings table's flags, as pytest has them)."""
     from pytest_sky import settings
 
     for option in settings.OPTIONS:
         if option.on_cli:
             p.add_argument(option.flag, dest=option.dest, **option.argparse_kwargs(option.env))
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """Where a launched cluster runs, whether its nodes share a directory, what they may do."""
+    _add_backend_options(p)
     p.add_argument("--shared-dir", metavar="PATH", help="one directory shared by every node at PATH (e.g. /mnt/shared)")
     p.add_argument(
         "--cap-add",
@@ -311,20 +315,7 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.add_argument("--install", action="store_true", help="add it to ~/.ssh/config once (with a backup)")
     p.set_defaults(func=cmd_ssh_config)
 
-    p = add(
-        "down",
-        "tear clusters down (also clusters whose owner died)",
-        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones",
-    )
-    p.add_argument("names", nargs="*", metavar="NAME")
-    p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
-    p.add_argument(
-        "--purge",
-        action="store_true",
-        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
-    )
-    _add_yes_option(p)
-    p.set_defaults(func=cmd_down)
+    _add_down_command(add)
 
     for command, func, summary, example in (
         ("stop", cmd_stop, "power a cluster's nodes off, keeping their disks (local backend)", "pytest-sky stop dev"),
@@ -348,6 +339,32 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
 
     p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
     p.set_defaults(func=cmd_doctor)
+
+
+def _add_down_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    """down: by name, all, the stale ones (with the backend's options: where to look)."""
+    p = add(
+        "down",
+        "tear clusters down (also clusters whose owner died)",
+        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones\n"
+        "  pytest-sky down --stale --slurm   # a killed session's allocations, found on the site",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="clusters whose owner is gone: this state directory's, and what the backend's site still runs for one "
+        "whose state directory is gone too (a Slurm allocation named as ours, by its owner record)",
+    )
+    _add_backend_options(p)
+    p.add_argument(
+        "--purge",
+        action="store_true",
+        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
+    )
+    _add_yes_option(p)
+    p.set_defaults(func=cmd_down)
 
 
 def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:

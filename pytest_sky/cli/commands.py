@@ -432,6 +432,24 @@ def cmd_ssh_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _down_stale(args: argparse.Namespace, store) -> int:
+    """What no live process owns: this state directory's clusters whose owner died, then what
+    the chosen backend's site runs for an owner that is gone (``Backend.reap_stale``)."""
+    from pytest_sky import settings
+    from pytest_sky.backends import get_backend
+    from pytest_sky.lifecycle import reap
+
+    if args.names or args.all:
+        raise UsageError("--stale finds the clusters itself: name none, and leave out --all")
+    chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
+    gone = reap(store) + get_backend(chosen.backend, **chosen.backend_options()).reap_stale()
+    for what in gone:
+        print(f"{what}: down (its owner is gone)")
+    if not gone:
+        print("no stale clusters")
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     """Every named cluster is tried; one that cannot be torn down (its backend unreachable)
     does not stop the others, and the error says ``--purge`` forgets it."""
@@ -439,9 +457,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     from pytest_sky.state import StateStore
 
     store = StateStore()
+    if args.stale:
+        return _down_stale(args, store)
     names = [r.name for r in store.records()] if args.all else args.names
     if not names and not args.all:
-        raise UsageError("name the clusters to tear down, or pass --all")
+        raise UsageError("name the clusters to tear down, or pass --all (or --stale)")
     missing = [n for n in names if store.load(n) is None]
     if missing:  # as sky: said, and the clusters that exist still go
         print(f"Cluster(s) not found (tip: see `pytest-sky status`): {', '.join(missing)}")

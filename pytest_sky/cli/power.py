@@ -4,8 +4,8 @@ A stopped cluster keeps its nodes' disks (homes, what a job wrote, the head's jo
 names, addresses and host keys, and runs no process: every node is killed as a machine is
 powered off, and started again as after a reboot (``Cluster.restart_node`` without a wipe).
 A job that was running is then ``FAILED_DRIVER``, as on sky: its agent died with the node.
-Only the local backend stops: a pod has no stopped state, and SkyPilot refuses to stop a
-Kubernetes cluster too.
+Only the local backend stops: a pod has no stopped state, a Slurm allocation is not its user's
+to suspend, and SkyPilot refuses to stop either too (the registry's ``cannot_stop`` says why).
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ def _set_status(store: StateStore, name: str, status: ClusterStatus) -> None:
 def stop_cluster(store: StateStore, record: ClusterRecord) -> None:
     from pytest_sky.cluster import get_cluster
 
-    if not lookup(record.backend).can_stop:
+    entry = lookup(record.backend)
+    if not entry.can_stop:
         raise NotSupportedError(
-            f"{record.name}: a {record.backend} cluster cannot be stopped (a pod has no stopped state; "
-            f"SkyPilot refuses too): tear it down with `pytest-sky down {record.name}`"
+            f"{record.name}: a {record.backend} cluster cannot be stopped ({entry.cannot_stop}): "
+            f"tear it down with `pytest-sky down {record.name}`"
         )
     cluster = get_cluster(record.name, store)
     # The head first: a job's agent dies with it before any worker goes, so the job is

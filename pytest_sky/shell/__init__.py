@@ -82,6 +82,12 @@ LEFTOVER_CHECK = "leftover_check.sh"
 POD_BOOTSTRAP = "pod_bootstrap.sh"
 PROBE_NODES = "probe_nodes.sh"
 SYNC_FILES = "sync_files.sh"
+#: The Slurm backend's: what it runs on the login node, the batch script, each node's step,
+#: and what starts each rank inside its job step.
+SLURM_LOGIN = "slurm_login.sh"
+SLURM_BATCH = "slurm_batch.sh"
+SLURM_NODE = "slurm_node.sh"
+SLURM_STEP = "slurm_step.sh"
 
 
 def script(name: str) -> str:

@@ -14,10 +14,15 @@
 # the node's agent server and the head's SSH masters to the workers are the cluster's own
 # and stay; the server's forks for other runs do not.
 #
+# On a Slurm allocation (SLURM_JOB_ID set: the check is one of its job steps) the node is the
+# site's, shared with other jobs, the user's other clusters among them: only a process that
+# carries this allocation's SLURM_JOB_ID is of this cluster (every rank is a step of it, and
+# every ssh session into it gets it), and no cgroup is ours (ranks make none there).
+#
 # The names shared with Python are pytest_sky.shell's constants; tests/test_shell.py checks
 # the spelling here.
-me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r=''
-while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
+me=$PSKY_JOB_SCOPE own=$(sed -n 's/^0:://p' /proc/self/cgroup) r='' job=${SLURM_JOB_ID:-}
+[ -n "$job" ] || while read -r _ m t _; do [ "$t" = cgroup2 ] && r=$m; done </proc/self/mounts
 server=''
 [ ! -r ~/.sky/agent.pid ] || read -r server <~/.sky/agent.pid
 mine=" $server " kin=" " sup='' run='' p=$$
@@ -36,10 +41,14 @@ leftovers() {
   pids='' groups=''
   for d in /proc/[0-9]*; do
     p=${d#/proc/}; case "$mine" in *" $p "*) continue ;; esac
-    hit=
+    hit='' ours=${job:+no}
     while IFS= read -r -d '' kv; do
-      case $kv in PSKY_JOB_SCOPE=*) [ "$kv" = "PSKY_JOB_SCOPE=$me" ] || hit=1; break ;; esac
+      case $kv in
+        PSKY_JOB_SCOPE=*) [ "$kv" = "PSKY_JOB_SCOPE=$me" ] || hit=1; [ -n "$ours" ] || break ;;
+        SLURM_JOB_ID=*) [ "$kv" != "SLURM_JOB_ID=$job" ] || ours='' ;;
+      esac
     done 2>/dev/null <"$d/environ"
+    [ -z "$ours" ] || continue  # another allocation's, on a shared Slurm node
     while IFS= read -r -d '' a; do
       case $a in psky-rank | *agent.pyz) hit=1; break ;; esac
     done 2>/dev/null <"$d/cmdline"

@@ -26,14 +26,23 @@ def connect(
     timeout: float = 20.0,
     sock: socket.socket | None = None,
     proxy_command: str | None = None,
+    host_key_alias: str | None = None,
 ) -> paramiko.SSHClient:
+    """``host_key_alias``: check the host key under this name of the known_hosts, whatever
+    address and port are dialled (OpenSSH's ``HostKeyAlias``; paramiko has none, and looks a
+    port other than 22 up as ``[host]:port``)."""
     import paramiko  # heavy (cryptography): only when a cluster is used
 
     if proxy_command and sock is None:
-        sock = paramiko.ProxyCommand(proxy_command)  # type: ignore[assignment]
+        sock = _proxy(proxy_command)  # type: ignore[assignment]
 
     client = paramiko.SSHClient()
     client.load_host_keys(str(known_hosts))
+    known = client.get_host_keys()
+    if host_key_alias is not None and host_key_alias in known:
+        dialled = host if port == 22 else f"[{host}]:{port}"
+        for kind, key in known[host_key_alias].items():
+            known.add(dialled, kind, key)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
         pkey = paramiko.Ed25519Key.from_private_key_file(str(key_path))
@@ -61,3 +70,28 @@ def connect(
     if transport is not None:
         transport.set_keepalive(5)
     return client
+
+
+def _proxy(command: str) -> paramiko.ProxyCommand:
+    """paramiko's ProxyCommand, whose process is reaped when it closes: paramiko only signals
+    it (twice: from its transport's thread and from ``close``), which left a zombie a
+    connection until this process exited."""
+    import signal
+    import subprocess
+
+    import paramiko
+
+    class Reaped(paramiko.ProxyCommand):
+        def close(self) -> None:
+            if self.process.poll() is None:
+                try:
+                    self.process.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    return Reaped(command)

@@ -37,34 +37,40 @@ def daemon_args(sshd: str) -> tuple[str, ...]:
 
 def render(
     *,
-    listen: str,
+    listen: str | None,
     host_key: str,
     pid_file: str,
     path_env: str | None,
     home: str = "",
     print_last_log: bool = True,
+    authorized_keys: str = ".ssh/authorized_keys",
+    strict_modes: bool = True,
 ) -> str:
     """The text of an ``sshd_config``.
 
     ``listen`` is ``address:port`` (``ListenAddress``: a namespace node answers on its own
-    address only) or a bare port (``Port``: a pod answers on every address it has).
-    ``path_env`` is the PATH every session gets (``SetEnv``, with a ``PYTHONPATH`` naming
-    ``home``'s :data:`~pytest_sky.shell.SITE_DIR`, where the ``sitecustomize`` that arms every
-    Python process's stacks lives); None leaves the line out, for a caller that appends it
-    where the PATH and home are known (a pod's image).  ``print_last_log=False`` leaves
-    ``PrintLastLog`` out, for an sshd that may be built without lastlog support.
+    address only) or a bare port (``Port``: a pod answers on every address it has); None
+    leaves it out, for a node that picks its port itself and puts its ``Port`` line first
+    (a Slurm node, shared with other jobs).  ``path_env`` is the PATH every session gets
+    (``SetEnv``, with a ``PYTHONPATH`` naming ``home``'s :data:`~pytest_sky.shell.SITE_DIR`,
+    where the ``sitecustomize`` that arms every Python process's stacks lives); None leaves the
+    line out, for a caller that appends it where the PATH and home are known (a pod's image).
+    ``print_last_log=False`` leaves ``PrintLastLog`` out, for an sshd that may be built without
+    lastlog support.  ``authorized_keys`` is relative to the account's home unless absolute;
+    ``strict_modes=False`` is for keys in a directory of the user's own below a world-writable
+    one (``/tmp``), which sshd's check of every directory up to ``/`` would refuse.
     """
-    listen_line = f"Port {listen}" if listen.isdigit() else f"ListenAddress {listen}"
+    listen_lines = [] if listen is None else [f"Port {listen}" if listen.isdigit() else f"ListenAddress {listen}"]
     lines = [
-        listen_line,
+        *listen_lines,
         f"HostKey {host_key}",
         f"PidFile {pid_file}",
-        "AuthorizedKeysFile .ssh/authorized_keys",
+        f"AuthorizedKeysFile {authorized_keys}",
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
         "PermitRootLogin prohibit-password",
-        "StrictModes yes",
+        f"StrictModes {'yes' if strict_modes else 'no'}",
         "UsePAM no",
         "UseDNS no",
         "PrintMotd no",
