@@ -8,7 +8,7 @@ configured timeout, naming its rank, instead of hanging; an all_reduce over a li
 ``degrade(rate_mbit=...)`` is measurably slower than over the same link uncapped; elastic
 torchrun training finishes after its rank 1 node was killed and restarted, resuming from its
 last checkpoint.  Network faults and restart_node are the local backend's (on Kubernetes
-they raise NotSupportedError), hence ``no_kubernetes``.  The elastic test carries no
+and Slurm they raise NotSupportedError), hence ``no_kubernetes`` and ``no_slurm``.  The elastic test carries no
 ``multinode`` marker (it asks ``sky_launch`` for its cluster), so ``-k multinode`` leaves its
 minute out; ``-k elastic`` selects it.
 """
@@ -50,6 +50,7 @@ def _wait_for_lines(job, text: str, count: int, timeout: float = RUN_TIMEOUT) ->
 @pytest.mark.long(12)
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
+@pytest.mark.no_slurm("a job may not partition or slow the site's network")
 def test_allreduce_across_a_partition_fails_naming_the_rank(sky_cluster: Cluster):
     _needs_torch(sky_cluster)
     task = Task.from_yaml(EXAMPLES / "partition_allreduce" / "task.yaml")
@@ -85,6 +86,7 @@ def _gbps(cluster: Cluster, task: Task) -> float:
 @pytest.mark.long(7)
 @pytest.mark.multinode(num_nodes=2)
 @pytest.mark.no_kubernetes
+@pytest.mark.no_slurm("a job may not partition or slow the site's network")
 def test_slow_link_lowers_allreduce_bandwidth(sky_cluster: Cluster):
     _needs_torch(sky_cluster)
     task = Task.from_yaml(EXAMPLES / "allreduce_bandwidth" / "task.yaml")
@@ -164,6 +166,7 @@ def _fields(line: str) -> dict[str, str]:
 
 @pytest.mark.long(44)
 @pytest.mark.no_kubernetes  # restart_node is the local backend's
+@pytest.mark.no_slurm("a job may not kill or restart a node of the site")
 def test_elastic_training_resumes_from_checkpoint_after_node_restart(sky_launch):
     """Kill rank 1 mid-training, restart it: training finishes every step, the restarted
     node rejoins with a new torchrun agent, and training resumes after the last checkpoint.

@@ -71,7 +71,9 @@ def test_head_to_worker_ssh_without_agent(sky_cluster):
         "fi\n"
     )
     assert res.returncode == 0, res.output
-    assert res.ranks[0].stdout.split() == [f"{name}-worker1", f"{name}-worker2", f"{name}-worker2"]
+    # The workers' own hostnames (<cluster>-worker<i> where the backend names its machines).
+    hostnames = sky_cluster.node_names
+    assert res.ranks[0].stdout.split() == [hostnames[1], hostnames[2], hostnames[2]]
 
 
 @pytest.mark.multinode(num_nodes=2)
@@ -99,6 +101,18 @@ def test_failing_rank_fails_the_run(sky_cluster):
     assert res.ranks[1].returncode == 3
     assert all(r.returncode != 0 for r in res.ranks)  # the others were stopped, not finished
     assert "survived" not in res.output
+
+
+@pytest.mark.multinode(num_nodes=2)
+def test_detached_job_is_listed_and_cancelled_leaving_nothing(sky_cluster):
+    """``sky exec -d``, ``sky queue``, ``sky cancel``: the job runs on, listed, until cancelled,
+    and then none of its processes is left on any node."""
+    job = sky_cluster.submit("sleep 300")
+    assert [(j["id"], j["status"]) for j in sky_cluster.queue()] in ([(job.id, "PENDING")], [(job.id, "RUNNING")])
+    assert job.cancel() == "CANCELLED"
+    assert [j["status"] for j in sky_cluster.queue()] == ["CANCELLED"]
+    left = sky_cluster.run("pgrep -fa 'slee[p] 300' || echo none")
+    assert [r.stdout.strip() for r in left.ranks] == ["none", "none"], left.output
 
 
 @pytest.mark.multinode
@@ -149,6 +163,7 @@ def test_checkpoint_saved_on_rank0_loads_everywhere_from_a_shared_dir(sky_launch
 
 
 @pytest.mark.multinode
+@pytest.mark.no_slurm("a site's shared filesystem (--slurm-shared-dir) is shared whether a test asks or not")
 def test_checkpoint_without_a_shared_dir_fails_clearly_as_on_a_real_cluster(sky_launch):
     """Nodes share no disk unless asked: the worker finds no checkpoint and says why."""
     res = _checkpoint_run(sky_launch)
