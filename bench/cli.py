@@ -144,7 +144,7 @@ def _steps(
 ) -> tuple[Steps, PeerPlan | None]:
     """The sections this run measures, in order, and the peers' plan (None without ``--peers``).
     ``figures`` is the list the run fills: the Kubernetes section reads the local rows in it."""
-    from bench import hang_report, rootless, sections
+    from bench import hang_report, rootless, sections, slurm
 
     plan = sections.Plan.quick() if args.quick else sections.Plan.full()
     steps: Steps = [
@@ -154,6 +154,7 @@ def _steps(
         ("all_reduce", lambda: sections.allreduce(plan, namer)),
         (hang_report.SECTION, lambda: hang_report.measure(plan, namer)),
         (rootless.SECTION, lambda: rootless.versus_root(plan, namer)),
+        (slurm.SECTION, lambda: slurm.versus_local(plan, namer)),
     ]
     peer_plan = None
     if args.peers:
