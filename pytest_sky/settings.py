@@ -39,6 +39,8 @@ DEFAULT_RUN_TIMEOUT = 600.0
 #: allocation, unless set (``backends.slurm_site``, ``backends.slurm_steps`` use them).
 SLURM_CONFIG = "~/.slurm/config"
 SLURM_TIME = "1:00:00"
+#: Seconds a Slurm launch waits for its allocation to run, unless set.
+SLURM_TIMEOUT = 300.0
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -216,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "slurm_timeout", "--slurm-timeout", "seconds a launch waits for its allocation to run", Kind.SECONDS,
-        metavar="SECONDS", backend="slurm", keyword="ready_timeout", unset="300",
+        metavar="SECONDS", backend="slurm", keyword="ready_timeout", unset=f"{SLURM_TIMEOUT:g}",
     ),
     Option(
         "keep_clusters", "--keep-clusters", "do not tear clusters down; print how to reach and delete them",

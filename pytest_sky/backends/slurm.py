@@ -30,12 +30,13 @@ from pytest_sky.backends.slurm_submit import Allocation, submit
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
 from pytest_sky.errors import BackendUnavailableError, NotSupportedError, ProvisionError
 from pytest_sky.resources import Resources
+from pytest_sky.settings import SLURM_TIMEOUT
 from pytest_sky.state import Journal
 
 log = logging.getLogger(__name__)
 
 #: How long a launch waits for its allocation to run (``--slurm-timeout``).
-READY_TIMEOUT = 300.0
+READY_TIMEOUT = SLURM_TIMEOUT
 #: After ``scancel``'s SIGTERM, how long before SIGKILL; then how long for squeue to drop it.
 CANCEL_GRACE = 10
 CANCEL_LIMIT = 60
