@@ -296,3 +296,26 @@ def test_the_check_between_shared_tests_leaves_other_allocations_and_the_site_al
     finally:
         ours.down()
         other.down()
+
+
+def test_a_secret_reaches_every_rank_masked_and_a_worker_over_ssh_not_in_a_steps_environment(site) -> None:
+    """srun hands a step's environment to the node's slurmd unencrypted: a run that holds a
+    secret starts its workers over the cluster's ssh instead, inside the allocation's sshd step
+    (step 0), and the value is masked in what the ranks print."""
+    from pytest_sky import Task
+
+    cluster = launch(num_nodes=2, name="secret", backend="slurm")
+    try:
+        probe = STEP_PROBE.split("if [")[0]  # the environment and the step above each rank
+        res = cluster.run(Task(run=f'echo "key=$API_KEY"\n{probe}', num_nodes=2, secrets={"API_KEY": "s3cr3t-k3y"}))
+        assert res.returncode == 0, res.output
+        assert "s3cr3t-k3y" not in res.output
+        steps = []
+        for rank in res.ranks:
+            assert rank.stdout.splitlines()[0] == "key=***"
+            found = re.search(r"stepd=slurmstepd: \[\d+\.(\d+)\]", rank.stdout)
+            assert found, rank.stdout
+            steps.append(int(found.group(1)))
+        assert steps[0] >= 1 and steps[1] == 0  # the head's rank a step of its own; the worker's in sshd's
+    finally:
+        cluster.down()

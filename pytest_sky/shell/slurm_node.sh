@@ -90,10 +90,11 @@ printf '#!/bin/sh\nexec %s -F %s "$@"\n' "$real" "$d/home/.ssh/config" >"$d/bin/
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])') ||
   fail "no python3 on PATH"
 # What every session gets: its home, the PATH, the allocation's own Slurm variables (so srun
-# in an ssh session acts on this allocation; not SLURM_JOBID: slurm_step.sh says why).  sshd
-# takes the first Port and SetEnv it reads.
+# in an ssh session acts on this allocation; not SLURM_JOBID: slurm_step.sh says why) and its
+# GPUs on this node (a rank that comes over ssh sees what a step would).  sshd takes the
+# first Port and SetEnv it reads.
 env="\"HOME=$d/home\" \"PATH=$d/bin:$PATH\""
-for v in SLURM_JOB_ID SLURM_CLUSTER_NAME SLURM_CONF SLURM_JOB_PARTITION SLURM_JOB_ACCOUNT; do
+for v in SLURM_JOB_ID SLURM_CLUSTER_NAME SLURM_CONF SLURM_JOB_PARTITION SLURM_JOB_ACCOUNT CUDA_VISIBLE_DEVICES; do
   [ -z "${!v:-}" ] || env="$env \"$v=${!v}\""
 done
 { echo "Port $port"; echo "SetEnv $env"; cat "$d/sshd_config"; } >"$d/sshd.conf"
