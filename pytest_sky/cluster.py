@@ -436,10 +436,10 @@ class Cluster:
             route.port,
             *keys,
             user=route.user,
-            sock=sock,
+            sock=sock,  # type: ignore[arg-type]  # a socket or paramiko's own channel, as paramiko takes
             proxy_command=proxy,
             host_key_alias=head.hostname,
-        )  # type: ignore[arg-type]  # sock: a socket or paramiko's own channel, as paramiko takes
+        )
 
 
 # ------------------------------------------------------------------------------ shared clusters

@@ -100,14 +100,15 @@ class SlurmBackend(Backend):
     # -- before anything is submitted ----------------------------------------------------
 
     def plan(self, name: str, num_nodes: int, resources: Resources, shared_dir: str | None = None) -> None:
-        if shared_dir and not self.shared_dir:
+        site_dir = self.shared_dir
+        if shared_dir and not site_dir:
             raise BackendUnavailableError(
                 f"shared_dir={shared_dir} on Slurm needs a directory every node of the site mounts there (a job "
                 f"cannot mount one): if {shared_dir} is one, pass --slurm-shared-dir {shared_dir}"
             )
-        if shared_dir and shared_dir.rstrip("/") != self.shared_dir.rstrip("/"):
+        if shared_dir and site_dir and shared_dir.rstrip("/") != site_dir.rstrip("/"):
             raise BackendUnavailableError(
-                f"shared_dir={shared_dir}: the Slurm site's shared directory is {self.shared_dir} "
+                f"shared_dir={shared_dir}: the Slurm site's shared directory is {site_dir} "
                 "(--slurm-shared-dir); ask for that one"
             )
         self.user()
