@@ -26,13 +26,26 @@ else:
     _OWN_HOME = ""
 
 
-def leaked_resources(scopes: list[str]) -> list[str]:
+def _testbeds_up() -> tuple[str, ...]:
+    """The cluster directories of the Slurm testbeds already up in this state directory when
+    the session began: what the session runs against (``scripts/with-slurm-testbed``, whose
+    testbed lives in ``$PYTEST_SKY_HOME/slurm-testbed`` where a caller sets the same home),
+    not what it left.  A testbed a test starts is named afresh, so the check still sees it."""
+    clusters = Path(os.environ["PYTEST_SKY_HOME"]) / "slurm-testbed" / "clusters"
+    return tuple(str(path) for path in clusters.glob("*"))
+
+
+_TESTBEDS_UP = _testbeds_up()
+
+
+def leaked_resources(scopes: list[str], exempt: tuple[str, ...] = ()) -> list[str]:
     """Links and node processes of ours that belong to this run: their alias or command line
-    names a path under one of ``scopes`` (another run on the same machine is not ours)."""
+    names a path under one of ``scopes`` (another run on the same machine is not ours) and
+    none under ``exempt``."""
     from pytest_sky.doctor import link_owners, node_processes
 
     def mine(text: str) -> bool:
-        return any(scope in text for scope in scopes)
+        return any(scope in text for scope in scopes) and not any(path in text for path in exempt)
 
     leaks = [f"link {n} ({owner})" for n, owner in link_owners().items() if mine(owner)]
     leaks += [f"process {p}: {c}" for p, c in node_processes() if mine(c)]
@@ -113,7 +126,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is not None:
         scopes.append(str(factory.getbasetemp()))
-    leaks = leaked_resources(scopes)
+    leaks = leaked_resources(scopes, _TESTBEDS_UP)
     if leaks:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
