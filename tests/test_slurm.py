@@ -236,7 +236,8 @@ def test_after_down_nothing_of_the_cluster_is_left_on_any_node(site) -> None:
 
 def test_an_ordinary_users_cluster_keeps_to_its_own_files_and_reaches_its_workers(testbed, tmp_path, monkeypatch):
     """No root on the site: sshd without privilege separation, keys in node-local scratch,
-    the user's own home (on a site, shared between nodes) never written."""
+    the user's own home (on a site, shared between nodes) never written, not by a session
+    on a worker either, which starts in the cluster's home as on every backend."""
     from slurm_testbed.config import ORDINARY_USER
 
     config = tmp_path / "user-config"
@@ -246,14 +247,19 @@ def test_an_ordinary_users_cluster_keeps_to_its_own_files_and_reaches_its_worker
     try:
         res = cluster.run(
             'echo "$(id -un) $HOME"; ls -A /home/' + ORDINARY_USER + ' | paste -sd,\n'
-            'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then ssh "$(echo "$SKYPILOT_NODE_IPS" | tail -1)" hostname; fi'
+            'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then\n'
+            '  ssh "$(echo "$SKYPILOT_NODE_IPS" | tail -1)" "hostname; pwd; echo x >written; ls -A /home/'
+            + ORDINARY_USER
+            + ' | paste -sd,"\n'
+            "fi"
         )
         assert res.returncode == 0, res.output
         for rank in res.ranks:
             user, home = rank.stdout.split()[:2]
             assert user == ORDINARY_USER and home.startswith("/tmp/pytest-sky-plain-"), rank.stdout
             assert rank.stdout.splitlines()[1] == ".ssh"  # what the testbed put there, nothing more
-        assert res.ranks[0].stdout.splitlines()[2] == cluster.node_names[1]
+        home = res.ranks[1].stdout.split()[1]
+        assert res.ranks[0].stdout.splitlines()[2:] == [cluster.node_names[1], home, ".ssh"], res.ranks[0].stdout
     finally:
         cluster.down()
     assert squeue(testbed, ORDINARY_USER) == []

@@ -87,17 +87,25 @@ rm -rf "$d/host_keys"
 mkdir -p "$d/bin"
 real=$(command -v ssh) || fail "no ssh client on PATH"
 printf '#!/bin/sh\nexec %s -F %s "$@"\n' "$real" "$d/home/.ssh/config" >"$d/bin/ssh" && chmod 755 "$d/bin/ssh"
+# Every session starts in its HOME, as on every other backend (sshd would start it in the
+# account's home, which it is not: \`ssh worker 'cat > f'\` would write there), then runs
+# what the client asked in the account's shell, as sshd would.
+# shellcheck disable=SC2016  # expanded by the session
+printf '#!/bin/sh\ncd "$HOME" || exit 1\n[ -z "${SSH_ORIGINAL_COMMAND+set}" ] || exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"\nexec "$SHELL" -l\n' \
+  >"$d/bin/enter" && chmod 755 "$d/bin/enter"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])') ||
   fail "no python3 on PATH"
-# What every session gets: its home, the PATH, the allocation's own Slurm variables (so srun
-# in an ssh session acts on this allocation; not SLURM_JOBID: slurm_step.sh says why) and its
-# GPUs on this node (a rank that comes over ssh sees what a step would).  sshd takes the
-# first Port and SetEnv it reads.
-env="\"HOME=$d/home\" \"PATH=$d/bin:$PATH\""
+# What every session gets: its home, the PATH, the PYTHONPATH that names the home's
+# sitecustomize (every Python process armed to say where it waits, the ranks srun starts
+# from a session too), the allocation's own Slurm variables (so srun in an ssh session acts
+# on this allocation; not SLURM_JOBID: slurm_step.sh says why) and its GPUs on this node (a
+# rank that comes over ssh sees what a step would).  sshd takes the first Port and SetEnv it
+# reads.
+env="\"HOME=$d/home\" \"PATH=$d/bin:$PATH\" \"PYTHONPATH=$d/home/.sky/python\""
 for v in SLURM_JOB_ID SLURM_CLUSTER_NAME SLURM_CONF SLURM_JOB_PARTITION SLURM_JOB_ACCOUNT CUDA_VISIBLE_DEVICES; do
   [ -z "${!v:-}" ] || env="$env \"$v=${!v}\""
 done
-{ echo "Port $port"; echo "SetEnv $env"; cat "$d/sshd_config"; } >"$d/sshd.conf"
+{ echo "Port $port"; echo "SetEnv $env"; echo "ForceCommand $d/bin/enter"; cat "$d/sshd_config"; } >"$d/sshd.conf"
 sshd=$(command -v sshd || echo /usr/sbin/sshd)
 "$sshd" -D -e -f "$d/sshd.conf" 2>>"$d/sshd.log" &
 pid=$!
