@@ -78,7 +78,11 @@ def _token(pid: int) -> str | None:
     return None
 
 
-def _cgroup_members(pid: int) -> list[int]:
+def _cgroup_members(pid: int, table: dict[int, int]) -> list[int]:
+    """The members of the job's cgroup, which its program entered before it ran: none where
+    the leader's cgroup is not one of ours, or holds one of the leader's ancestors (a cgroup
+    around the job, not the job's: a Slurm step's, whose slurmd a cgroup of ours may hold
+    where Slurm itself runs in pytest-sky's nodes, as the testbed's does)."""
     raw = _read(f"/proc/{pid}/cgroup") or b""
     own = next((line[3:].decode().strip() for line in raw.splitlines() if line.startswith(b"0::")), "")
     if shell.CGROUP_PREFIX not in own:
@@ -87,13 +91,18 @@ def _cgroup_members(pid: int) -> list[int]:
 
     root = cgroup_root()
     listed = _read(f"{root}{own}/cgroup.procs") if root != "-" else None
-    return [int(p) for p in (listed or b"").split()]
+    found = [int(p) for p in (listed or b"").split()]
+    ancestors, parent = set(), table.get(pid, 0)
+    while parent > 0 and parent not in ancestors:
+        ancestors.add(parent)
+        parent = table.get(parent, 0)
+    return [] if ancestors.intersection(found) else found
 
 
 def members(leader: int, tokens: list[str]) -> list[int]:
     """The job's processes on this node, parents before children: see the module's docstring."""
     table = _table()
-    found = {pid for pid in _cgroup_members(leader) if pid in table} if leader > 0 else set()
+    found = {pid for pid in _cgroup_members(leader, table) if pid in table} if leader > 0 else set()
     wanted = [(shell.JOB_SCOPE_VAR + "=" + t).encode() for t in tokens if t]
     for pid in table:
         env = _read(f"/proc/{pid}/environ", 1 << 20) if wanted else None
