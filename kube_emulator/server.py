@@ -267,8 +267,12 @@ class EmulatorServer:
     def pods_info(self) -> dict[str, Any]:
         """Where each running pod lives on this machine (the admin endpoint and tests use it)."""
         out = {}
-        for (ns, name), rt in self.cluster.kubelet.runtimes.items():
-            out[f"{ns}/{name}"] = {
+        kubelet = self.cluster.kubelet
+        for rt in sorted(kubelet.runtimes.values(), key=lambda r: kubelet.current(*r.key) is r):
+            # A pod's current runtime last: it is the one its name shows (a deleted
+            # predecessor's container may still be stopping).
+            out[f"{rt.namespace}/{rt.name}"] = {
+                "uid": rt.uid,
                 "root": str(rt.root),
                 "home": str(rt.root / "home"),
                 "log": str(rt.log_path),

@@ -20,6 +20,7 @@ from kubernetes import client, watch
 from kubernetes.stream import stream
 
 from kube_emulator import images
+from pytest_sky import procs
 from pytest_sky.doctor import link_owners, node_processes
 
 #: kubectl, the independent client the emulator is held to; None where it is not installed.
@@ -45,6 +46,26 @@ def run_kubectl(
     """kubectl run to its end (:func:`kubectl_command`)."""
     argv, env = kubectl_command(kubeconfig, *args, context=context)
     return subprocess.run(argv, input=input, capture_output=True, env=env, timeout=120, check=False)
+
+
+def pod_processes(emulator: Any, pod: str, namespace: str = "default") -> list[tuple[int, int | None]]:
+    """Every process of ``pod``'s container as the emulator runs it now (its node's keeper and
+    each process of its PID namespace), with its start time: alive later means the same one."""
+    info = emulator.pods_info()[f"{namespace}/{pod}"]
+    ns = os.readlink(f"/proc/{info['init_pid']}/ns/pid")
+    found = [info["pid"]]
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                found.append(int(entry))
+        except OSError:
+            continue  # gone meanwhile
+    return [(pid, procs.start_time(pid)) for pid in found]
+
+
+def alive(processes: list[tuple[int, int | None]]) -> list[int]:
+    """Those of ``processes`` (from :func:`pod_processes`) that still run."""
+    return [pid for pid, start in processes if procs.is_alive(pid, start)]
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
@@ -89,7 +110,9 @@ def pod_manifest(
         "command": command or ["sleep", "infinity"],
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
     }
-    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart}
+    # The commands here (sleep, a Python server) handle no SIGTERM: a kubelet waits out a
+    # deleted pod's grace period (30 s unless set) before it SIGKILLs them, the emulator's too.
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart, "terminationGracePeriodSeconds": 1}
     if gpus:
         container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["READY_TIMEOUT", "KubernetesBackend", "ObjectRef"]
 
+#: How long ``kill_node`` waits for the pod's kubelet to have stopped its container: the pods'
+#: grace period (5 s) and the kubelet's reaction, many times over.
+KILL_TIMEOUT = 60.0
+
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
@@ -340,20 +344,44 @@ class KubernetesBackend(Backend):
     # -- faults: what a pod cannot do, said plainly ----------------------------------------
 
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
-        """Delete the node's pod with no grace period, as a crashed machine: its container is
-        killed, not stopped; returns once the API server no longer has the pod.  Only our own
-        pod, by uid, as teardown deletes (a same-named pod of someone else's is left alone)."""
+        """Crash the node's pod and have Kubernetes remove it; returns once its container has
+        stopped (DESIGN.md section 6, "Faults").
+
+        Every process of the container but its first is SIGKILLed at once, by an exec of
+        ``kill -KILL -1`` (a crash: no handler runs); then the pod is deleted with its grace
+        period, and awaited until its object is gone.  A real API server removes a pod
+        deleted gracefully only once its kubelet reports its containers stopped (a forced
+        delete removes the object at once and leaves the container to the kubelet's own
+        schedule), so that DELETED event is the one signal a client sees that nothing of the
+        old pod runs any more.  Only our own pod, by uid, as teardown deletes."""
         record = self._adopt(journal)
         ref = ObjectRef("Pod", manifests.pod_name(name, rank))
         try:
             uid = self.ownership.uid_if_ours(ref, name, record)
             if uid is None:
                 return  # gone already, or never ours
-            self.ownership.delete(ref, uid, grace_period=0)
-            if self.ownership.wait_gone({ref.name: uid}, ownership_selector(name, record), timeout=60):
-                raise ProvisionError(f"pod {ref.name} was still there 60 s after its deletion")
+            self._crash(ref.name)
+            self.ownership.delete(ref, uid)
+            if self.ownership.wait_gone({ref.name: uid}, ownership_selector(name, record), timeout=KILL_TIMEOUT):
+                raise ProvisionError(
+                    f"pod {ref.name} was still terminating {KILL_TIMEOUT:.0f} s after its deletion: its kubelet "
+                    f"has not stopped its container (is its node down? kubectl describe pod {ref.name} -n "
+                    f"{self.namespace})"
+                )
         except kube_client.ApiException as exc:
             raise ProvisionError(f"could not delete pod {ref.name}: {api_message(exc)}") from None
+
+    def _crash(self, pod: str) -> None:
+        """SIGKILL every process of ``pod``'s container that its first process is not (which no
+        process of its PID namespace may signal), as a crash kills them: at once, no handler.
+        Best effort: a pod whose container has already stopped answers no exec."""
+        try:
+            code, out = self.client.exec(pod, ["/bin/sh", "-c", "kill -KILL -1"], timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the deletion that follows stops it anyway
+            log.info("could not crash pod %s before deleting it: %s", pod, exc)
+            return
+        if code != 0:
+            log.info("crashing pod %s: kill exited %s: %s", pod, code, out.strip()[:200])
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
         """Recreate the node's pod (a running one is deleted first) from the very manifest the
