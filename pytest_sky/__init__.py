@@ -15,8 +15,8 @@ nodes and return a ``cluster_info.ClusterInfo``.
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, locks, protocol, masking, cluster_info, console, shell, registry, interrupts: leaves
-   (registry imports only errors, masking only protocol)
+0. errors, naming, cluster_names, procs, locks, protocol, masking, cluster_info, console, shell, registry,
+   interrupts: leaves (registry and cluster_names import only errors, masking only protocol)
 1. resources, task_file, task, script_files, task_tarball, gpus, settings, state: what the user asks for,
    and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,

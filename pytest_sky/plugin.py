@@ -10,7 +10,6 @@ does that set-up, once (:func:`_set_up`); the xdist controller never makes one.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -341,31 +340,13 @@ def _summarise_kept(terminalreporter: Any, state: _SessionState) -> None:
         )
 
 
-def _slug(text: str, limit: int) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    slug = re.sub(r"^test-?", "", slug) or "t"
-    return slug[:limit].strip("-") or "t"
+def name_label(label: str, index: int) -> str:
+    """What a generated cluster name says before its token (``cluster_names``): the test's
+    name or a shared scope's, the xdist worker, the test's how-manieth cluster."""
+    from pytest_sky import cluster_names
 
-
-def unique_cluster_name(item: pytest.Item, index: int) -> str:
-    """Names unique per test, per xdist worker and per process: ``sky-<test>-<worker>-<hex>``."""
-    return _cluster_name(item.name, index)
-
-
-def _cluster_name(label: str, index: int) -> str:
-    """``sky-<label>-<worker>-<index>-<hex>``: the label is a test's name or a shared scope's."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    token = os.urandom(2).hex()
-    parts = ["sky", _slug(label, 18)]
-    if worker:
-        parts.append(worker)
-    if index:
-        parts.append(str(index))
-    parts.append(token)
-    name = "-".join(parts)
-    if not name[0].isalpha():
-        name = "s" + name
-    return name[:40].rstrip("-")
+    return "-".join(p for p in (cluster_names.slug(label, 18), worker, str(index) if index else "") if p)
 
 
 @pytest.fixture(scope="session")
@@ -410,7 +391,8 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
             state,
             task,
             num_nodes=num_nodes,
-            name=name or unique_cluster_name(item, len(mine)),
+            name=name,
+            name_label=name_label(item.name, len(mine)),
             on_created=_track,
             run_timeout=timeout,
             **resources,
@@ -506,7 +488,7 @@ def _shared_cluster(item: pytest.Item, want: MultinodeRequest) -> Cluster:
         cluster = _reset_or_drop(state, item, cluster)
     if cluster is None:
         label = "session" if node is item.session else os.path.splitext(node.name)[0]
-        cluster = _launch_or_fail(state, name=_cluster_name(label, 0), **want.shape)
+        cluster = _launch_or_fail(state, name_label=name_label(label, 0), **want.shape)
         if key not in state.shared:
             node.addfinalizer(lambda: _release(state, key))
         state.shared[key] = cluster
@@ -562,7 +544,7 @@ class ClusterFactory:
         want = bound((num_nodes,), marker_args, "sky_cluster_factory()", "sky_cluster_factory")
         current = self._state.current
         label = current.name if current is not None else "session"
-        cluster = _launch_or_fail(self._state, name=_cluster_name(label, len(self._made) + 1), **want.shape)
+        cluster = _launch_or_fail(self._state, name_label=name_label(label, len(self._made) + 1), **want.shape)
         self._made.append(cluster)
         return cluster
 

@@ -117,6 +117,29 @@ def test_a_users_service_named_like_the_cluster_survives_the_collision(home: Pat
         k.delete_namespaced_service("k8s-api", NS)
 
 
+def test_a_generated_name_that_is_taken_is_drawn_again(home: Path, emu: Emulator, monkeypatch):
+    """A 409 on a name the launch generated is a new name, not a failed launch; the object
+    that took the name is left alone, and nothing of the first attempt stays."""
+    from pytest_sky import cluster_names
+
+    real, tokens = cluster_names.token, iter(["000000000000"])
+    monkeypatch.setattr(cluster_names, "token", lambda: next(tokens, None) or real())
+    taken = "sky-collide-000000000000"
+    k = api(emu)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": taken}, "spec": {"ports": [{"port": 80}]}}
+    uid = k.create_namespaced_service(NS, service).metadata.uid
+    try:
+        options = {"kubeconfig": str(emu.kubeconfig_path)}
+        with pytest_sky.launch(num_nodes=1, name_label="collide", backend="kubernetes", backend_options=options) as c:
+            assert c.name != taken and c.name.startswith("sky-collide-") and len(c.name.rpartition("-")[2]) == 12
+            assert c.run("hostname").ranks[0].stdout.strip() == f"{c.name}-head"
+            assert ours(emu, taken) == []  # the first attempt's objects went
+        assert k.read_namespaced_service(taken, NS).metadata.uid == uid
+        assert ours(emu, c.name) == []
+    finally:
+        k.delete_namespaced_service(taken, NS)
+
+
 def test_a_same_named_foreign_pod_survives_a_collision_and_the_cleanup(home: Path, emu: Emulator):
     """A leftover worker of a teammate's same-named cluster: it even carries the cluster label."""
     labels = {**manifests.MANAGED_BY, manifests.LABEL_CLUSTER: "k8s-twin"}
