@@ -29,15 +29,16 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_permissions,
    backends.kube_client,
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
-   backends.kube_files: the backend interface and its parts
+   backends.kube_files, backends.kube_lease, backends.kube_objects, backends.kube_reaping: the backend
+   interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends
 5. agent.site_hook, agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.stacks,
    agent.fanout, agent.control, agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
 6. diagnosis, runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it
-9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli,
-   cli.__main__, doctor, pytest_sky: the ways in
+9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.stale, cli.commands, cli.logs,
+   cli, cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations

@@ -46,6 +46,12 @@ def slug(text: str, limit: int) -> str:
     return out[:limit].strip("-") or "t"
 
 
+def label(name: str, worker: str = "", index: int = 0) -> str:
+    """What a generated name says before its token: a test's (or a shared scope's) name,
+    the xdist worker, the test's how-manieth cluster."""
+    return "-".join(part for part in (slug(name, 18), worker, str(index) if index else "") if part)
+
+
 def generate(*labels: str) -> str:
     """``sky-<labels...>-<token>``: the labels (each already a slug, empty ones left out)
     shortened to fit :data:`MAX_LENGTH`, the token whole."""

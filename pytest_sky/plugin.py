@@ -63,6 +63,8 @@ class _SessionState:
     unreported: list[StoppedRun] = field(default_factory=list)
     #: Those a test's report showed (by ``id``).
     reported: set[int] = field(default_factory=set)
+    #: The backends whose stale clusters this session has reaped (on its first cluster of each).
+    reaped_stale: set[str] = field(default_factory=set)
 
     def note_unreported(self, cluster: Cluster) -> None:
         """Before ``cluster`` goes: its stopped runs that no report showed."""
@@ -340,15 +342,6 @@ def _summarise_kept(terminalreporter: Any, state: _SessionState) -> None:
         )
 
 
-def name_label(label: str, index: int) -> str:
-    """What a generated cluster name says before its token (``cluster_names``): the test's
-    name or a shared scope's, the xdist worker, the test's how-manieth cluster."""
-    from pytest_sky import cluster_names
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return "-".join(p for p in (cluster_names.slug(label, 18), worker, str(index) if index else "") if p)
-
-
 @pytest.fixture(scope="session")
 def sky_settings(request: pytest.FixtureRequest) -> Settings:
     """The session's resolved settings (what the report header shows), e.g. to skip a test
@@ -392,7 +385,7 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
             task,
             num_nodes=num_nodes,
             name=name,
-            name_label=name_label(item.name, len(mine)),
+            name_label=_name_label(item.name, len(mine)),
             on_created=_track,
             run_timeout=timeout,
             **resources,
@@ -406,6 +399,12 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
         yield factory
     finally:
         _tear_down(state, mine)
+
+
+def _name_label(label: str, index: int) -> str:
+    from pytest_sky import cluster_names
+
+    return cluster_names.label(label, os.environ.get("PYTEST_XDIST_WORKER", ""), index)
 
 
 def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> Cluster:
@@ -427,12 +426,41 @@ def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> C
             on_created(cluster)
 
     _set_up(state)
+    _reap_stale(state, settings)
     try:
         return launch(task, settings=settings, keep=settings.keep_clusters, on_created=track, **options)
     except SkyError as exc:
         problem = str(exc)
     # Outside the except block: the report shows one line, not a chained traceback.
     pytest.fail(f"pytest-sky: {problem}", pytrace=False)
+
+
+def _reap_stale(state: _SessionState, settings: Settings) -> None:
+    """Before this session's first cluster on a backend: that backend's clusters whose owner is
+    gone (a CI runner that vanished, on any machine: their Kubernetes lease expired) are
+    removed, and said so; a failure to is a warning, never the test's.  Only a session that
+    asks for a cluster looks."""
+    import warnings
+
+    from pytest_sky.backends import get_backend
+    from pytest_sky.errors import SkyError
+
+    if settings.backend in state.reaped_stale:
+        return
+    state.reaped_stale.add(settings.backend)
+    try:
+        reaped = get_backend(settings.backend, **settings.backend_options()).reap_stale()
+    except SkyError as exc:
+        warnings.warn(pytest.PytestWarning(f"pytest-sky: could not reap stale clusters: {exc}"), stacklevel=2)
+        return
+    if reaped:
+        warnings.warn(
+            pytest.PytestWarning(
+                f"pytest-sky: reaped {len(reaped)} cluster(s) whose owner was gone (their lease expired): "
+                + ", ".join(reaped)
+            ),
+            stacklevel=2,
+        )
 
 
 def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
@@ -488,7 +516,7 @@ def _shared_cluster(item: pytest.Item, want: MultinodeRequest) -> Cluster:
         cluster = _reset_or_drop(state, item, cluster)
     if cluster is None:
         label = "session" if node is item.session else os.path.splitext(node.name)[0]
-        cluster = _launch_or_fail(state, name_label=name_label(label, 0), **want.shape)
+        cluster = _launch_or_fail(state, name_label=_name_label(label, 0), **want.shape)
         if key not in state.shared:
             node.addfinalizer(lambda: _release(state, key))
         state.shared[key] = cluster
@@ -544,7 +572,7 @@ class ClusterFactory:
         want = bound((num_nodes,), marker_args, "sky_cluster_factory()", "sky_cluster_factory")
         current = self._state.current
         label = current.name if current is not None else "session"
-        cluster = _launch_or_fail(self._state, name_label=name_label(label, len(self._made) + 1), **want.shape)
+        cluster = _launch_or_fail(self._state, name_label=_name_label(label, len(self._made) + 1), **want.shape)
         self._made.append(cluster)
         return cluster
 

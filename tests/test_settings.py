@@ -236,6 +236,20 @@ def test_kube_timeout_is_an_option_too_and_reaches_the_backend() -> None:
     assert str(info.value) == "PYTEST_SKY_KUBE_TIMEOUT='soon' is not a number of seconds (e.g. 600)"
 
 
+def test_a_clusters_lease_and_its_pods_max_lifetime_are_settings_the_header_shows() -> None:
+    default = resolve(kubernetes=True, environ={}).describe()
+    assert "kube_max_lifetime=21600 (6 h; kept clusters: none) (from default)" in default
+    assert "kube_lease_seconds=120 (from default)" in default
+    s = resolve(
+        kubernetes=True,
+        kube_max_lifetime="3600",
+        environ={"PYTEST_SKY_KUBE_LEASE_SECONDS": "30"},
+    )
+    assert s.backend_options() == {"lease_seconds": 30.0, "max_lifetime": 3600.0}
+    assert "kube_max_lifetime=3600.0 (from --kube-max-lifetime)" in s.describe()
+    assert "kube_lease_seconds=30.0 (from PYTEST_SKY_KUBE_LEASE_SECONDS)" in s.describe()
+
+
 def test_the_header_shows_only_the_chosen_backends_settings() -> None:
     local = resolve(environ={}).describe()
     kube = resolve(backend="k8s", environ={}).describe()

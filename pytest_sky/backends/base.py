@@ -93,6 +93,22 @@ class NetworkFaults:
         )
 
 
+@dataclass(frozen=True)
+class ClusterHold:
+    """A cluster as its backend's own record of ownership shows it, away from any state
+    directory (a Kubernetes Lease): what ``status`` and ``doctor`` list, and what ``down
+    --stale`` decides on."""
+
+    name: str
+    where: str  # e.g. "kube context C, namespace N"
+    holder: str  # who holds it: host and pid
+    age_s: float | None
+    renewed_s: float | None  # seconds since its holder last renewed it
+    lease_s: float  # how long it lasts without renewal
+    kept: bool  # kept on purpose: never reaped
+    expired: bool  # not renewed for a whole lease: its owner is gone
+
+
 class Backend(ABC):
     name: str
     cloud_label: str  # "Local", "Kubernetes": what status shows in the resources column
@@ -172,6 +188,18 @@ class Backend(ABC):
     def diagnostics(self, name: str, journal: Journal) -> list[tuple[str, str]]:
         """What the backend knows of the nodes beyond their runs, as (file name, text) pairs for
         a failed test's artifacts (Kubernetes: each pod's events and container log); [] here."""
+        return []
+
+    def reap_stale(self) -> list[str]:
+        """Remove this backend's clusters whose owner is gone, judged by what the backend itself
+        holds (a Kubernetes Lease), from any machine; the names removed.  A backend whose
+        clusters are known only to this machine's records has nothing beyond what
+        ``lifecycle.reap`` removes: none here."""
+        return []
+
+    def held_clusters(self) -> list[ClusterHold]:
+        """Every cluster this backend's own records of ownership show, wherever it was launched
+        (``status`` and ``doctor`` list them); none where there are no such records."""
         return []
 
     def leftovers(self, name: str, journal: Journal) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from pytest_sky import console
-from pytest_sky.cli import job_report
+from pytest_sky.cli import job_report, stale
 from pytest_sky.cli.commands import (
     EXIT_USAGE,
     cmd_cancel,
@@ -232,7 +232,8 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "status",
         "list clusters (those named, or all)",
         "  pytest-sky status\n  pytest-sky status --json\n  pytest-sky status -r dev   # sky's form\n"
-        "  pytest-sky status --ip dev   # the head's IP only",
+        "  pytest-sky status --ip dev   # the head's IP only\n"
+        "  pytest-sky status --kubernetes   # and the namespace's clusters: holder, age, kept",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="only these clusters")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -240,6 +241,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("-u", "--all-users", action="store_true", help="sky's flag: one user owns the state directory")
     p.add_argument("-v", "--verbose", action="store_true", help="sky's flag: the table is already in full")
     p.add_argument("--ip", action="store_true", help="print the head's IP of the one cluster named, only")
+    stale.add_where_options(p)  # with --kubernetes: also the namespace's clusters, by their leases
     p.set_defaults(func=cmd_status)
 
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
@@ -311,20 +313,7 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.add_argument("--install", action="store_true", help="add it to ~/.ssh/config once (with a backup)")
     p.set_defaults(func=cmd_ssh_config)
 
-    p = add(
-        "down",
-        "tear clusters down (also clusters whose owner died)",
-        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones",
-    )
-    p.add_argument("names", nargs="*", metavar="NAME")
-    p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
-    p.add_argument(
-        "--purge",
-        action="store_true",
-        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
-    )
-    _add_yes_option(p)
-    p.set_defaults(func=cmd_down)
+    _add_down_command(add)
 
     for command, func, summary, example in (
         ("stop", cmd_stop, "power a cluster's nodes off, keeping their disks (local backend)", "pytest-sky stop dev"),
@@ -346,8 +335,38 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.add_argument("--rounds", type=_positive_int, default=10, metavar="R")
     p.set_defaults(func=cmd_stress_ssh)
 
-    p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
+    p = add(
+        "doctor",
+        "list anything of pytest-sky left on this machine (with --kubernetes: and in the namespace)",
+        "  pytest-sky doctor\n  pytest-sky doctor --kubernetes --kube-namespace sky-tests",
+    )
+    stale.add_where_options(p)
     p.set_defaults(func=cmd_doctor)
+
+
+def _add_down_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
+    p = add(
+        "down",
+        "tear clusters down (also clusters whose owner died)",
+        "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones\n"
+        "  pytest-sky down --stale --kubernetes   # clusters of runners that vanished, from any machine",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
+    p.add_argument(
+        "--purge",
+        action="store_true",
+        help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
+    )
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="clusters whose owner is gone: this state directory's, and with --kubernetes those of the namespace "
+        "whose lease expired, launched from any machine (never a kept or live one)",
+    )
+    stale.add_where_options(p)
+    _add_yes_option(p)
+    p.set_defaults(func=cmd_down)
 
 
 def _add_fault_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -> None:
