@@ -36,7 +36,9 @@ node of the local backend.  Layout:
   the cluster's shape.
 
 - ``product.py``: the one module that imports ``pytest_sky``; what the emulator borrows from
-  the plugin (the node primitive, links, a pod's privileges, passwd, its errors) is named there.
+  the plugin (the node primitive, links, the node runtime's Confinement, passwd, its errors)
+  is named there, and never a policy list: ``runtime.py`` reads a securityContext and
+  ``admission.py`` judges one by upstream's sources.
 
 Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 
@@ -44,8 +46,9 @@ Layers, lowest first; a module imports only from its own layer or lower ones (an
 a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
 
 0. product, config, selectors, faults, images, rbac, tls, spdy: leaves, importing nothing of the emulator's
-1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
-   bridge and addresses; the record a killed emulator leaves
+1. store, scheduler, network, leftovers, runtime: objects and watches; where a pod fits; the pods'
+   bridge and addresses; the record a killed emulator leaves; what a container holds, by the
+   kubelet's and containerd's rules
 2. api, patches, validation, admission, events, nodes, dns, scheduling, garbage, access_review, rbac_objects,
    discovery, openapi, tables: what the API server checks, admits and records, the Node objects,
    what the cluster's DNS answers, the scheduler's loop, the garbage collector, the grants of

@@ -1,4 +1,5 @@
-"""Admission of pods as the API server's plugins do it: LimitRanger, PodSecurity, ResourceQuota.
+"""Admission of pods as the API server's plugins do it: LimitRanger, ServiceAccount, PodSecurity,
+ResourceQuota.
 
 A real cluster's namespace may default and cap a container's resources (LimitRange), cap
 the namespace's total (ResourceQuota) and refuse pods by their security settings (Pod
@@ -20,12 +21,13 @@ its live pods, and turns a message into a 403.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
 from kube_emulator.config import ClusterConfig
 from kube_emulator.scheduler import QuantityError, is_terminated, parse_quantity
+from kube_emulator.store import random_suffix
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
@@ -77,6 +79,39 @@ RESTRICTED_VOLUMES = {
     "secret",
 }
 Obj = dict[str, Any]
+
+
+#: Where the ServiceAccount admission plugin mounts a pod's API credentials
+#: (plugin/pkg/admission/serviceaccount/admission.go, DefaultAPITokenMountPath).
+TOKEN_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def mount_service_account_token(pod: Obj, account_named: Callable[[str], Obj | None]) -> None:
+    """The ServiceAccount admission plugin: the pod runs as ``default`` unless it names its
+    account, and unless the pod (or else its account) sets ``automountServiceAccountToken:
+    false``, a projected volume ``kube-api-access-<suffix>`` (a bound token, the cluster's CA,
+    the namespace) is mounted read-only in every container at :data:`TOKEN_MOUNT_PATH`."""
+    spec = pod.setdefault("spec", {})
+    spec["serviceAccountName"] = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+    automount = spec.get("automountServiceAccountToken")
+    if automount is None:
+        automount = (account_named(spec["serviceAccountName"]) or {}).get("automountServiceAccountToken")
+    if automount is False:
+        return
+    name = f"kube-api-access-{random_suffix()}"
+    sources = [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {
+            "downwardAPI": {
+                "items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]
+            }
+        },
+    ]
+    spec.setdefault("volumes", []).append({"name": name, "projected": {"sources": sources, "defaultMode": 420}})
+    for container in spec.get("containers") or []:
+        mounts = container.setdefault("volumeMounts", [])
+        mounts.append({"name": name, "readOnly": True, "mountPath": TOKEN_MOUNT_PATH})
 
 
 def default_policies(config: ClusterConfig) -> list[tuple[str, Obj]]:

@@ -47,6 +47,7 @@ class Cluster:
         self.instance_dir = instance_dir
         self._service_ips = 10
         self.portforwards: set[Any] = set()  # open port-forward sessions (drop on demand)
+        self.ca_pem = b""  # the cluster's CA, in every projected ServiceAccount volume (the server's)
 
     # -- life -------------------------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class Cluster:
             raise invalid(info.kind, meta["name"], owner_errors)
         if resource == "pods":
             admission.limit_ranger_mutate(obj, self.store.items("limitranges", namespace))
+            admission.mount_service_account_token(obj, lambda name: self.store.get("serviceaccounts", namespace, name))
         self._prepare(resource, obj)
         if resource == "pods":
             self._admit_pod(obj, namespace)

@@ -59,7 +59,7 @@ class PodRuntime:
     started_at: str = ""
     view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
     #: What the container's processes hold (its securityContext's), exec sessions too.
-    confinement: Confinement = field(default_factory=product.for_node)
+    confinement: Confinement = field(default_factory=Confinement)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -90,6 +90,7 @@ class PodHost(Protocol):
     faults: Faults
     dns: dns.DnsServer
     events: EventRecorder
+    ca_pem: bytes
 
     def delete(self, resource: str, namespace: str, name: str, options: dict[str, Any] | None = None) -> Obj: ...
 

@@ -159,6 +159,7 @@ class EmulatorServer:
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         self.tls = await loop.run_in_executor(None, serving_tls, (self.host,))
+        self.cluster.ca_pem = self.tls.ca.pem
         self._role_cert = self.tls.ca.issue_client(ROLE_USER)
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.context)
         await site.start()

@@ -140,12 +140,13 @@ def wait_for(
     done: Callable[[dict[str, Any]], bool],
     count: int,
     timeout: float = 20,
+    ns: str = "default",
 ) -> dict[str, Any]:
     """Watch pods matching ``selector`` until ``count`` of them satisfy ``done`` (by raw object)."""
     seen: dict[str, Any] = {}
     w = watch.Watch()
     deadline = time.monotonic() + timeout
-    for event in w.stream(v1.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(timeout)):
+    for event in w.stream(v1.list_namespaced_pod, ns, label_selector=selector, timeout_seconds=int(timeout)):
         obj = event["raw_object"]
         seen[obj["metadata"]["name"]] = obj
         if event["type"] == "DELETED":
@@ -175,11 +176,11 @@ def unschedulable(pod: dict[str, Any]) -> bool:
     )
 
 
-def run(v1: client.CoreV1Api, pod: str, command: list[str]) -> tuple[int, str]:
+def run(v1: client.CoreV1Api, pod: str, command: list[str], ns: str = "default") -> tuple[int, str]:
     resp = stream(
         v1.connect_get_namespaced_pod_exec,
         pod,
-        "default",
+        ns,
         command=command,
         stderr=True,
         stdin=False,

@@ -125,6 +125,33 @@ def test_the_emulator_reaches_the_plugin_only_through_its_product_module() -> No
     assert through == {"product"}
 
 
+#: What the emulator's judges may take from the product: the node primitive and its terms
+#: (and the kernel's capability numbers), never a policy list.  Admission, the reading of a
+#: securityContext and a pod's sandbox judge the pods pytest-sky makes: a product bug in what
+#: a pod may hold would otherwise be copied into the judge (issue 48).
+JUDGE_MAY_USE = {"NodeSpec", "NODE_HOME", "passwd_with_home", "Confinement", "CAPABILITY_BITS"}
+JUDGES = ("admission", "runtime", "sandbox")
+
+
+def test_the_emulators_judges_take_no_policy_from_the_product() -> None:
+    for name in JUDGES:
+        tree = ast.parse(EMULATOR.modules[f"kube_emulator.{name}"].read_text())
+        used = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "product"
+        }
+        used |= {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "kube_emulator.product"
+            for alias in node.names
+        }
+        assert used <= JUDGE_MAY_USE, f"{name} takes {sorted(used - JUDGE_MAY_USE)} from the product"
+    assert "product" not in EMULATOR.graph["admission"]
+    assert "pytest_sky.backends.privileges" not in EMULATOR.imports("kube_emulator.product", of=PLUGIN.name)
+
+
 def test_the_plugin_never_imports_the_emulator() -> None:
     assert [m for m in PLUGIN.modules if PLUGIN.imports(m, of=EMULATOR.name)] == []
 
