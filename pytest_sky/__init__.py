@@ -20,7 +20,7 @@ a circle), which ``tests/test_layering.py`` checks:
 1. resources, task_file, task, script_files, task_tarball, gpus, settings, state: what the user asks for,
    and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,
-   ssh.kube_proxy, ssh.kube_forwarder
+   ssh.kube_credentials, ssh.kube_stream, ssh.kube_proxy, ssh.kube_forwarder
 3. backends.base, backends.netlink, backends.confine, backends.rootpath, backends.nodeinit_protocol, backends.nodeinit,
    backends.clusterns, backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
    backends.netns.owners, backends.netns.cgroups, backends.netns.preflight, backends.netns.userns,

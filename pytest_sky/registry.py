@@ -46,7 +46,7 @@ BACKENDS: tuple[BackendEntry, ...] = (
         "pytest_sky.backends.kubernetes:KubernetesBackend",
         "pods on the current kube context",
         takes_context=True,
-        needs=(("kubernetes", "kubernetes>=28"),),
+        needs=(("kubernetes", "kubernetes>=29,<38"),),
     ),
 )
 

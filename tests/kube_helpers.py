@@ -82,7 +82,7 @@ def api_client(kubeconfig: Path, context: str | None = None) -> client.ApiClient
     """A client as the product makes one (its loader): the client remembers the files it
     wrote a kubeconfig's inline certificates to, by their content, for the life of the
     process, so a test that loaded it another way would change where the product's go."""
-    from pytest_sky.ssh.kube_proxy import load_kube_config
+    from pytest_sky.ssh.kube_credentials import load_kube_config
 
     cfg = client.Configuration()
     load_kube_config(cfg, str(kubeconfig), context)

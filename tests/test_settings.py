@@ -289,3 +289,16 @@ def test_a_backend_whose_client_is_not_installed_is_one_line_naming_the_package(
     with pytest.raises(BackendUnavailableError) as info:
         get_backend("nowhere")
     assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, faraway, k8s"
+
+
+def test_a_backends_missing_client_is_named_with_the_range_ci_tests() -> None:
+    """The requirement the one-line error names is pyproject's own (the client majors CI
+    runs the Kubernetes stage on, lowest and highest), not a second spelling of it."""
+    from pathlib import Path
+
+    from pytest_sky import registry
+
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()  # no tomllib on 3.10
+    for entry in registry.BACKENDS:
+        for _, requirement in entry.needs:
+            assert f'"{requirement}",' in pyproject, requirement

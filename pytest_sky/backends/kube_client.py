@@ -24,7 +24,7 @@ from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.backends.kube_permissions import Rule
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import BackendUnavailableError
-from pytest_sky.ssh import kube_proxy
+from pytest_sky.ssh import kube_credentials
 
 if TYPE_CHECKING:
     from kubernetes import client, watch
@@ -105,7 +105,7 @@ class KubeClient:
         self.context = ctx["name"]
         if not self.requested_namespace:
             self.namespace = ctx.get("context", {}).get("namespace") or "default"
-        kube_proxy.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
+        kube_credentials.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
         self.kubeconfig = path
 
     def _load_in_cluster(self, cfg: client.Configuration) -> None:
@@ -142,7 +142,7 @@ class KubeClient:
     def stream_api(self) -> CoreV1Api:
         """A client of its own for each exec: the client's ``stream`` swaps its ApiClient's
         request function while it runs, which breaks any other call sharing it.  (A
-        port-forward needs none: ``kube_proxy.open_forward`` opens it from the configuration.)"""
+        port-forward needs none: ``kube_stream`` opens it from the configuration.)"""
         from kubernetes import client
 
         self.api()
