@@ -153,6 +153,9 @@ def test_a_vanished_runners_cluster_is_reaped_from_anywhere_and_nothing_else(
         status = _sky(emu, fresh, "status", "--kubernetes")
         assert victim in status.stdout and "STALE (owner gone)" in status.stdout, status.stdout
         assert "lease-kept" in status.stdout and "kept" in status.stdout, status.stdout
+        doctor = _sky(emu, fresh, "doctor", "--kubernetes")
+        assert doctor.returncode == 1 and victim in doctor.stdout, doctor.stdout + doctor.stderr
+        assert "`pytest-sky down --stale` with the same flags removes them" in doctor.stderr, doctor.stderr
         reaped = _sky(emu, fresh, "down", "--stale", "--kubernetes", "--kube-namespace", NS)
         assert reaped.returncode == 0, reaped.stdout + reaped.stderr
         assert f"{victim}: down (its lease expired: its owner is gone)" in reaped.stdout, reaped.stdout

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from pytest_sky import naming
 from pytest_sky.backends import kube_client, kube_files, kube_lease, kube_preflight, kube_reaping
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = ["READY_TIMEOUT", "KubernetesBackend", "ObjectRef"]
 
@@ -257,31 +259,24 @@ class KubernetesBackend(Backend):
     def reap_stale(self) -> list[str]:
         """Remove the clusters of this namespace whose owner's lease has expired, never a
         kept one, never a live one, never an object not ours (``kube_reaping``)."""
-        from urllib3.exceptions import HTTPError
-
-        try:
-            return kube_reaping.reap_stale(self.client, self.ownership)
-        except kube_client.ApiException as exc:
-            raise ProvisionError(
-                f"could not reap stale clusters in namespace {self.namespace!r}: {api_message(exc)}"
-            ) from None
-        except HTTPError as exc:
-            raise unreachable(exc, self.context, self.client.server) from None
+        return self._namespace_call("reap stale clusters", lambda: kube_reaping.reap_stale(self.client, self.ownership))
 
     def held_clusters(self) -> list[ClusterHold]:
         """Every cluster of this namespace, as its lease shows it."""
+        views = self._namespace_call("list the leases", lambda: kube_reaping.leases(self.client))
+        where = f"kube context {self.context}, namespace {self.namespace}"
+        return [kube_reaping.hold_of(view, where) for view in views]
+
+    def _namespace_call(self, what: str, call: Callable[[], T]) -> T:
+        """``call``, its refusal one line saying what could not be done in which namespace."""
         from urllib3.exceptions import HTTPError
 
         try:
-            views = kube_reaping.leases(self.client)
+            return call()
         except kube_client.ApiException as exc:
-            raise ProvisionError(
-                f"could not list the leases of namespace {self.namespace!r}: {api_message(exc)}"
-            ) from None
+            raise ProvisionError(f"could not {what} in namespace {self.namespace!r}: {api_message(exc)}") from None
         except HTTPError as exc:
             raise unreachable(exc, self.context, self.client.server) from None
-        where = f"kube context {self.context}, namespace {self.namespace}"
-        return [kube_reaping.hold_of(view, where) for view in views]
 
     def diagnostics(self, name: str, journal: Journal) -> list[tuple[str, str]]:
         """Each pod's events (this pod's, by uid) and its container's log."""
