@@ -532,3 +532,27 @@ def test_the_shipped_role_is_exactly_what_the_backend_asks_for(home: Path, emu13
         f"granted, never asked for: {sorted(granted_by(SHIPPED.read_text()) - allowed_)}; "
         f"asked for, not granted: {sorted(allowed_ - granted_by(SHIPPED.read_text()))}"
     )
+
+
+def test_a_launch_refused_at_its_lease_cleans_up_without_reading_a_secret(
+    home: Path, emu135: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Lease is the first object a launch makes: a name whose Lease is taken fails the
+    launch in one line, and the clean-up knows nothing was made (no read of the Secret that
+    the Role may not read, no warning), and leaves the Lease that took the name alone."""
+    from kubernetes import client
+
+    leases = client.CoordinationV1Api(admin_api(emu135).api_client)
+    taken = leases.create_namespaced_lease("default", {"metadata": {"name": "rbac-taken"}, "spec": {}})
+    since = len(emu135.decisions())
+    try:
+        with pytest.raises(ProvisionError, match="a Lease named 'rbac-taken' already exists") as err:
+            launch_as_role(emu135, "rbac-taken")
+        assert "\n" not in str(err.value)
+        allowed_, denied = role_requests(emu135, since)
+        assert denied <= TOLERATED, denied
+        assert not [r for _, r in allowed_ if r == "secrets"], allowed_
+        assert leases.read_namespaced_lease("rbac-taken", "default").metadata.uid == taken.metadata.uid
+        assert not [r for r in caplog.records if "cleanup" in r.getMessage()], caplog.text
+    finally:
+        leases.delete_namespaced_lease("rbac-taken", "default")

@@ -157,6 +157,19 @@ def note_secret(client: KubeClient, cluster: str, uid: str) -> None:
     client.coordination().patch_namespaced_lease(cluster, client.namespace, patch, _request_timeout=30)
 
 
+def written(api: Any, lease: Any) -> dict[str, Any]:
+    """A lease as read, to be written back: its times as ``MicroTime`` (six digits always; the
+    client's own serialisation drops a fraction that happens to be zero, which the API server
+    refuses)."""
+    manifest = api.api_client.sanitize_for_serialization(lease)
+    spec = manifest.setdefault("spec", {})
+    for key, value in (("acquireTime", lease.spec.acquire_time), ("renewTime", lease.spec.renew_time)):
+        when = _when(value)
+        if when is not None:
+            spec[key] = micro_time(when)
+    return manifest
+
+
 def take(client: KubeClient, view: LeaseView, holder: str) -> bool:
     """Become the holder of an expired lease, if it is still exactly what was read (its
     resourceVersion): an owner that renewed meanwhile wins, and two reapers never both do."""
@@ -169,7 +182,7 @@ def take(client: KubeClient, view: LeaseView, holder: str) -> bool:
     lease = api.read_namespaced_lease(view.cluster, client.namespace, _request_timeout=30)
     if lease.metadata.resource_version != view.resource_version:
         return False
-    manifest = api.api_client.sanitize_for_serialization(lease)
+    manifest = written(api, lease)
     manifest["spec"] = {**(manifest.get("spec") or {}), **spec}
     try:
         api.replace_namespaced_lease(view.cluster, client.namespace, manifest, _request_timeout=30)
@@ -229,7 +242,7 @@ class Renewer:
                 lease.spec.holder_identity,
             )
             return False
-        manifest = api.api_client.sanitize_for_serialization(lease)
+        manifest = written(api, lease)
         manifest["spec"]["renewTime"] = micro_time()
         try:
             api.replace_namespaced_lease(self.cluster, ns, manifest, _request_timeout=self.interval)

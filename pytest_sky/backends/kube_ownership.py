@@ -38,6 +38,8 @@ class ObjectRef:
 def launch_refs(name: str, record: KubeRecord) -> list[ObjectRef]:
     """Every object the launch the journal describes may have made: its pods, Secret,
     Service and Lease (the last, so that it is deleted last)."""
+    if record.leased and not record.lease_uid:
+        return []  # its Lease, the first object, was never made: nothing was
     pods = [ObjectRef("Pod", p) for p in record.pods]
     lease = [ObjectRef("Lease", name)] if record.lease_uid else []
     return [*pods, ObjectRef("Secret", manifests.secret_name(name)), ObjectRef("Service", name), *lease]
@@ -101,7 +103,7 @@ class Ownership:
         """The uid of the object ``ref`` names if it exists and this launch made it.  The
         Secret of a launch that made a Lease is not read (the Role may not): its uid is the one
         its creation returned, or None (then the Lease's garbage collector takes it)."""
-        if ref.kind == "Secret" and record.lease_uid:
+        if ref.kind == "Secret" and record.leased:
             return record.secret_uid
         try:
             obj = self._verbs(ref.kind)[0](ref.name, self.client.namespace, _request_timeout=30)

@@ -77,6 +77,7 @@ def remove(client: KubeClient, ownership: Ownership, view: LeaseView) -> None:
         namespace=client.namespace,
         launch=view.launch,
         pods=tuple(sorted(p.metadata.name for p in pods)),
+        leased=True,
         lease_uid=view.uid,
         secret_uid=view.secret_uid,
     )

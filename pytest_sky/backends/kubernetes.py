@@ -153,6 +153,7 @@ class KubernetesBackend(Backend):
             kubeconfig=self.kubeconfig,
             image=self.image,
             launch=secrets.token_hex(8),
+            leased=True,
             pods=tuple(pods),
             shared_dir=config.shared_dir,
             forwarder=Handle(kube_forwarder.socket_path()),
