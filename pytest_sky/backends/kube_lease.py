@@ -45,6 +45,9 @@ SECRET_UID = "pytest-sky/secret-uid"
 DEFAULT_LEASE_SECONDS = settings.LEASE_SECONDS
 #: Renewals per lease length (at least three: one lost or late renewal never expires it).
 RENEWALS_PER_LEASE = 4
+#: The least a renewal's request may take before it is given up (a short lease's quarter is
+#: less than a loaded API server may need).
+REQUEST_TIMEOUT = 5.0
 #: A pod's ``activeDeadlineSeconds`` when ``--kube-max-lifetime`` says none: 6 h, a CI job's
 #: usual ceiling (GitHub Actions stops one at 6 h unless told otherwise), longer than any test.
 DEFAULT_MAX_LIFETIME = settings.MAX_LIFETIME
@@ -227,12 +230,12 @@ class Renewer:
     def renew(self, api: Any) -> bool:
         """One renewal (read, check we hold it, write it back with renewTime now); False when
         there is nothing more to renew."""
-        ns = self.client.namespace
+        ns, timeout = self.client.namespace, max(self.interval, REQUEST_TIMEOUT)
         try:
-            lease = api.read_namespaced_lease(self.cluster, ns, _request_timeout=self.interval)
+            lease = api.read_namespaced_lease(self.cluster, ns, _request_timeout=timeout)
         except kube_client.ApiException as exc:
-            if exc.status == 404:
-                log.warning("the lease of cluster %s is gone: the cluster was reaped or deleted", self.cluster)
+            if exc.status == 404:  # torn down by another process (the CLI's down), or reaped
+                log.info("the lease of cluster %s is gone: no longer renewing it", self.cluster)
                 return False
             raise
         if (lease.spec.holder_identity or "") != self.holder:
@@ -245,7 +248,7 @@ class Renewer:
         manifest = written(api, lease)
         manifest["spec"]["renewTime"] = micro_time()
         try:
-            api.replace_namespaced_lease(self.cluster, ns, manifest, _request_timeout=self.interval)
+            api.replace_namespaced_lease(self.cluster, ns, manifest, _request_timeout=timeout)
         except kube_client.ApiException as exc:
             if exc.status != 409:  # 409: changed meanwhile; the next renewal reads it again
                 raise
