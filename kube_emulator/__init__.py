@@ -14,11 +14,13 @@ node of the local backend.  Layout:
 - ``cluster.py``: API semantics (create, update, patch, graceful deletion, namespaces), over
   ``api.py`` (resources, Status errors), ``validation.py`` (checks and defaults of a new
   object), ``patches.py``, ``admission.py`` (LimitRanger, Pod Security, ResourceQuota),
-  ``events.py``, ``nodes.py`` (the Node objects) and ``scheduling.py`` (the scheduler's loop;
+  ``events.py``, ``nodes.py`` (the Node objects), ``garbage.py`` (the garbage collector:
+  ownerReferences and propagation policies) and ``scheduling.py`` (the scheduler's loop;
   ``scheduler.py`` decides where a pod fits: resources, taints, selectors, anti-affinity).
 - ``kubelet.py``: pods as namespace nodes, their lifecycle, restarts and back-off, over
   ``pods.py`` (a pod as the kubelet holds it), ``network.py`` (the bridge and pod addresses),
   ``sandbox.py`` (volumes, /etc/hosts, /etc/resolv.conf, the node spec), ``podstatus.py``,
+  ``termination.py`` (stopping a container: a deletion, an active deadline),
   ``podexec.py`` (exec and port-forward into a pod) and ``leftovers.py`` (the record a
   SIGKILLed emulator leaves, and reaping it).
 - ``dns.py``: the cluster's DNS server (what CoreDNS's kubernetes plugin answers).
@@ -34,7 +36,9 @@ node of the local backend.  Layout:
   the cluster's shape.
 
 - ``product.py``: the one module that imports ``pytest_sky``; what the emulator borrows from
-  the plugin (the node primitive, links, a pod's privileges, passwd, its errors) is named there.
+  the plugin (the node primitive, links, the node runtime's Confinement, passwd, its errors)
+  is named there, and never a policy list: ``runtime.py`` reads a securityContext and
+  ``admission.py`` judges one by upstream's sources.
 
 Run it as a process with ``python -m kube_emulator --kubeconfig PATH``.
 
@@ -42,14 +46,16 @@ Layers, lowest first; a module imports only from its own layer or lower ones (an
 a circle), which ``tests/test_layering.py`` checks, as it does for ``pytest_sky``:
 
 0. product, config, selectors, faults, images, rbac, tls, spdy: leaves, importing nothing of the emulator's
-1. store, scheduler, network, leftovers: objects and watches; where a pod fits; the pods'
-   bridge and addresses; the record a killed emulator leaves
-2. api, patches, validation, admission, events, nodes, dns, scheduling, access_review, rbac_objects,
+1. store, scheduler, network, leftovers, runtime: objects and watches; where a pod fits; the pods'
+   bridge and addresses; the record a killed emulator leaves; what a container holds, by the
+   kubelet's and containerd's rules
+2. api, patches, validation, admission, events, nodes, dns, scheduling, garbage, access_review, rbac_objects,
    discovery, openapi, tables: what the API server checks, admits and records, the Node objects,
-   what the cluster's DNS answers, the scheduler's loop, the grants of the RBAC objects, what
-   discovery and OpenAPI describe, the Tables ``kubectl get`` prints
-3. pods, podstatus, sandbox, podexec: one pod as the kubelet holds it (``pods.PodHost`` is the
-   cluster it serves), its status, what its node is made of, the ways into it
+   what the cluster's DNS answers, the scheduler's loop, the garbage collector, the grants of
+   the RBAC objects, what discovery and OpenAPI describe, the Tables ``kubectl get`` prints
+3. pods, podstatus, sandbox, podexec, pulling, termination: one pod as the kubelet holds it
+   (``pods.PodHost`` is the cluster it serves), its status, what its node is made of, the ways
+   into it, a pull that fails, how its container is stopped
 4. kubelet: pods as nodes, below the cluster it serves
 5. cluster: the API semantics
 6. spdy_portforward, streams, feeds, rest, server: the wire

@@ -32,6 +32,7 @@ class ResourceInfo:
 
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
+COORDINATION_GROUP = "coordination.k8s.io"
 _RW = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 RESOURCES: dict[str, ResourceInfo] = {
     "pods": ResourceInfo(
@@ -87,9 +88,12 @@ RESOURCES: dict[str, ResourceInfo] = {
     "rolebindings": ResourceInfo("rolebindings", "RoleBinding", True, _RW, group=RBAC_GROUP),
     "clusterroles": ResourceInfo("clusterroles", "ClusterRole", False, _RW, group=RBAC_GROUP),
     "clusterrolebindings": ResourceInfo("clusterrolebindings", "ClusterRoleBinding", False, _RW, group=RBAC_GROUP),
+    # coordination.k8s.io/v1 Lease: who holds something, and until when (what pytest-sky's
+    # clusters are owned by).
+    "leases": ResourceInfo("leases", "Lease", True, _RW, group=COORDINATION_GROUP),
 }
 #: The API groups beyond the core one whose resources are in :data:`RESOURCES`.
-GROUPS = (RBAC_GROUP,)
+GROUPS = (RBAC_GROUP, COORDINATION_GROUP)
 
 
 def field_allowed(resource: str) -> Any:

@@ -17,12 +17,13 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from kube_emulator import admission, rbac_objects, scheduler, store, validation
+from kube_emulator import admission, rbac_objects, store, validation
 from kube_emulator.api import RESOURCES, ApiError, already_exists, check_preconditions, invalid, not_found
 from kube_emulator.config import ClusterConfig
 from kube_emulator.dns import DnsServer
 from kube_emulator.events import EventRecorder
 from kube_emulator.faults import Faults
+from kube_emulator.garbage import POLICIES, GarbageCollector
 from kube_emulator.kubelet import Kubelet
 from kube_emulator.nodes import node_object
 from kube_emulator.patches import json_patch, merge_patch
@@ -42,9 +43,11 @@ class Cluster:
         self.kubelet = Kubelet(self, instance_dir, mtu=config.mtu)
         self.scheduler = SchedulerLoop(self.store, faults, self.events, self.kubelet.bind)
         self.dns = DnsServer(self.store)
+        self.gc = GarbageCollector(self)
         self.instance_dir = instance_dir
         self._service_ips = 10
         self.portforwards: set[Any] = set()  # open port-forward sessions (drop on demand)
+        self.ca_pem = b""  # the cluster's CA, in every projected ServiceAccount volume (the server's)
 
     # -- life -------------------------------------------------------------------------------
 
@@ -52,6 +55,7 @@ class Cluster:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.kubelet.start)
         await self.dns.start(self.kubelet.network.host_ip)  # on the bridge: the pods' nameserver
+        self.gc.start()
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self._create_namespace({"metadata": {"name": ns}})
         if self.config.policies:
@@ -72,33 +76,14 @@ class Cluster:
         await self.kubelet.shutdown()
 
     def default_policies(self) -> None:
-        """What an administrator commonly sets on a shared namespace, sized so that the smoke
-        suite passes: Pod Security "baseline" enforced; a LimitRange that fills in limits of
-        one node's size (and small requests for containers that state none); a ResourceQuota
-        on requests (the nodes' total) and limits (ten times that), so a pod must state both,
-        which the LimitRange's defaults see to."""
+        """What an administrator commonly sets on a shared namespace (``admission.default_policies``)."""
 
         def label(ns: Obj) -> None:
             ns["metadata"]["labels"][admission.ENFORCE_LABEL] = "baseline"
 
         self.store.modify("namespaces", "", "default", label)
-        cpu, memory = self.config.cpus_per_node, self.config.memory_per_node
-        total_cpu = scheduler.parse_quantity(cpu) * self.config.nodes
-        total_memory = scheduler.parse_quantity(memory) * self.config.nodes
-        limits = {
-            "type": "Container",
-            "default": {"cpu": cpu, "memory": memory},
-            "defaultRequest": {"cpu": "100m", "memory": "128Mi"},
-        }
-        self.create("limitranges", "default", {"metadata": {"name": "defaults"}, "spec": {"limits": [limits]}})
-        hard = {
-            "pods": str(110 * self.config.nodes),
-            "requests.cpu": admission.format_quantity(total_cpu, False),
-            "requests.memory": admission.format_quantity(total_memory, True),
-            "limits.cpu": admission.format_quantity(total_cpu * 10, False),
-            "limits.memory": admission.format_quantity(total_memory * 10, True),
-        }
-        self.create("resourcequotas", "default", {"metadata": {"name": "compute"}, "spec": {"hard": hard}})
+        for resource, obj in admission.default_policies(self.config):
+            self.create(resource, "default", obj)
 
     # -- generic API operations -------------------------------------------------------------
 
@@ -167,8 +152,12 @@ class Cluster:
         self.namespace_active(namespace)
         if self.store.get(resource, namespace, meta["name"]) is not None:
             raise already_exists(resource, meta["name"])
+        owner_errors = validation.owner_reference_errors(meta)
+        if owner_errors:
+            raise invalid(info.kind, meta["name"], owner_errors)
         if resource == "pods":
             admission.limit_ranger_mutate(obj, self.store.items("limitranges", namespace))
+            admission.mount_service_account_token(obj, lambda name: self.store.get("serviceaccounts", namespace, name))
         self._prepare(resource, obj)
         if resource == "pods":
             self._admit_pod(obj, namespace)
@@ -187,6 +176,8 @@ class Cluster:
             validation.prepare_service(obj, self._allocate_service_ip)
         elif resource == "persistentvolumeclaims":
             validation.prepare_claim(obj)
+        elif resource == "leases":
+            validation.prepare_lease(obj)
         elif resource == "limitranges":
             admission.default_limit_range(obj)
         elif resource in rbac_objects.KINDS:
@@ -215,10 +206,27 @@ class Cluster:
         if resource == "nodes":
             raise ApiError(405, "MethodNotAllowed", "the emulator's nodes cannot be deleted")
         check_preconditions(resource, obj, (options or {}).get("preconditions") or {})
+        policy = (options or {}).get("propagationPolicy")
+        if policy not in (None, *POLICIES):
+            raise invalid(
+                "DeleteOptions",
+                "",
+                [
+                    (
+                        "propagationPolicy",
+                        f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"',
+                    )
+                ],
+            )
+        uid = obj["metadata"]["uid"]
+        if policy == "Orphan":
+            self.gc.orphan(namespace, uid)
         if resource == "pods":
             return self._delete_pod(obj, options or {})
         if resource == "namespaces":
             return self._delete_namespace(obj)
+        if policy == "Foreground" and self.gc.blocking(namespace, uid):
+            return self.gc.mark_foreground(resource, namespace, name) or obj
         gone = self.store.delete(resource, namespace, name)
         assert gone is not None
         if resource == "services":
@@ -298,7 +306,9 @@ class Cluster:
         new["kind"], new["apiVersion"] = info.kind, info.api_version
         if resource in ("pods", "nodes", "namespaces"):
             new["status"] = current.get("status")
-        if resource == "pods" and new.get("spec") != current.get("spec"):
+        if resource == "pods":
+            errors += _deadline_update_errors(current.get("spec") or {}, new.get("spec") or {})
+        if resource == "pods" and _without_deadline(new.get("spec")) != _without_deadline(current.get("spec")):
             raise invalid(
                 "Pod",
                 meta["name"],
@@ -312,8 +322,13 @@ class Cluster:
                     )
                 ],
             )
+        errors += validation.owner_reference_errors(meta)
+        if errors:
+            raise invalid(info.kind, meta["name"], errors)
         if resource == "secrets":
             validation.prepare_secret(new)
+        if resource == "leases":
+            validation.prepare_lease(new)
         if resource in rbac_objects.KINDS:
             rbac_objects.prepare(resource, new, current)
         if resource == "services":
@@ -345,19 +360,27 @@ class Cluster:
             raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {text}', {"name": name, "kind": "pods"})
 
     def _delete_pod(self, pod: Obj, options: dict[str, Any]) -> Obj:
+        """Delete a pod as kube-apiserver does (its registry's CheckGracefulDelete, then the
+        generic store's graceful deletion): with a grace period it is marked
+        (deletionTimestamp) and goes only once its kubelet has stopped its container; with
+        none (a force delete, or a pod that never ran or has ended) the object goes at once,
+        and its kubelet stops the container later, on its own schedule."""
         meta = pod["metadata"]
-        ns, name = meta["namespace"], meta["name"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         self.scheduler.forget(ns, name)
-        if meta.get("deletionTimestamp"):
-            return pod
-        grace = options.get("gracePeriodSeconds")
-        if grace is None:
-            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
-        running = self.kubelet.runtimes.get((ns, name)) is not None
-        if not running:
-            self.kubelet.discard_files(ns, name, meta["uid"])
+        grace = _grace_period(pod, options)
+        running = uid in self.kubelet.runtimes
+        current = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and grace > 0 and (current is None or grace >= current):
+            return pod  # already terminating, at least as soon
+        if grace == 0 or not running:
             gone = self.store.delete("pods", ns, name)
+            if running:
+                self.kubelet.kill(uid, 0)
+            else:
+                self.kubelet.discard_files(ns, name, uid)
             self.scheduler.trigger()
+            self._finish_namespace(ns)
             return gone or pod
 
         def mark(p: Obj) -> None:
@@ -365,10 +388,7 @@ class Cluster:
             p["metadata"]["deletionGracePeriodSeconds"] = grace
 
         marked = self.store.modify("pods", ns, name, mark)
-        container = pod["spec"]["containers"][0]["name"]
-        message = f"Stopping container {container}"
-        self.events.record(pod, "Normal", "Killing", message, component="kubelet", container=0)
-        self.kubelet.kill(ns, name)
+        self.kubelet.kill(uid, grace)
         return marked or pod
 
     def pod_stopped_for_deletion(self, namespace: str, name: str, uid: str) -> None:
@@ -395,7 +415,7 @@ class Cluster:
             obj["status"]["phase"] = "Terminating"
 
         marked = self.store.modify("namespaces", "", name, mark)
-        for resource in ("services", "secrets", "events", "limitranges", "resourcequotas"):
+        for resource in ("services", "secrets", "events", "limitranges", "resourcequotas", "leases"):
             for obj in list(self.store.items(resource, name)):
                 self.store.delete(resource, name, obj["metadata"]["name"])
         for pod in list(self.store.items("pods", name)):
@@ -412,3 +432,28 @@ class Cluster:
 
     def trigger_scheduler(self) -> None:
         self.scheduler.trigger()
+
+
+def _without_deadline(spec: Any) -> Any:
+    return {k: v for k, v in spec.items() if k != "activeDeadlineSeconds"} if isinstance(spec, dict) else spec
+
+
+def _deadline_update_errors(old: Obj, new: Obj) -> list[tuple[str, str]]:
+    """A running pod's ``activeDeadlineSeconds`` may be set or shortened, never lengthened or
+    removed (ValidatePodUpdate)."""
+    before, after = old.get("activeDeadlineSeconds"), new.get("activeDeadlineSeconds")
+    if before is None or (after is not None and after <= before):
+        return []
+    return [("spec.activeDeadlineSeconds", f"Invalid value: {after}: must be less than or equal to previous value")]
+
+
+def _grace_period(pod: Obj, options: dict[str, Any]) -> int:
+    """A pod's grace period for a delete, as the pod registry's CheckGracefulDelete settles it
+    (pkg/registry/core/pod/strategy.go): the request's, else the spec's (default 30); none
+    for a pod never scheduled or already ended; a negative one is 1."""
+    grace = options.get("gracePeriodSeconds")
+    if grace is None:
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    if not pod["spec"].get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        grace = 0
+    return 1 if grace < 0 else int(grace)

@@ -30,6 +30,10 @@ run time through ``POST /emulator/faults`` with a JSON object of these keys; a k
   balancer's or a restarting API server's drop) once this many bytes have crossed it (both
   directions together).
 - ``drop_portforwards``: an action, not a setting: ``true`` resets every open port-forward now.
+- ``kubelet_delay``: seconds the kubelet takes to act on a pod's deletion (default 0).  A
+  real kubelet learns of it through its watch and stops the container on its own schedule:
+  a force-deleted pod's object is gone at once while its container runs on that long, and a
+  gracefully deleted one's object stays, Terminating, until the container has stopped.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ GLOB_KEYS = (
     "failed_mount",
 )
 COUNT_KEYS = ("drop_portforward_after_bytes", "expire_watches")
-KEYS = (*GLOB_KEYS, *COUNT_KEYS, "drop_portforwards", "reset")
+SECONDS_KEYS = ("kubelet_delay",)
+KEYS = (*GLOB_KEYS, *COUNT_KEYS, *SECONDS_KEYS, "drop_portforwards", "reset")
 
 
 def _globs(value: Any, key: str) -> list[str]:
@@ -76,6 +81,7 @@ class Faults:
     failed_mount: list[str] = field(default_factory=list)
     drop_portforward_after_bytes: int | None = None
     expire_watches: int | None = None
+    kubelet_delay: float | None = None
 
     def update(self, data: Mapping[str, Any]) -> bool:
         """Apply a ``POST /emulator/faults`` body; returns whether open port-forwards must drop now."""
@@ -85,7 +91,7 @@ class Faults:
         if data.get("reset"):
             for key in GLOB_KEYS:
                 setattr(self, key, [])
-            for key in COUNT_KEYS:
+            for key in (*COUNT_KEYS, *SECONDS_KEYS):
                 setattr(self, key, None)
         for key in GLOB_KEYS:
             if key in data:
@@ -96,6 +102,12 @@ class Faults:
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                     raise ValueError(f"{key} takes a count or null, got {value!r}")
                 setattr(self, key, value)
+        for key in SECONDS_KEYS:
+            if key in data:
+                value = data[key]
+                if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+                    raise ValueError(f"{key} takes a number of seconds or null, got {value!r}")
+                setattr(self, key, None if value is None else float(value))
         return bool(data.get("drop_portforwards"))
 
     def take_expired_watch(self) -> str | None:
@@ -106,7 +118,7 @@ class Faults:
         return "status" if left % 2 == 0 else "event"
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in (*GLOB_KEYS, *COUNT_KEYS)}
+        return {key: getattr(self, key) for key in (*GLOB_KEYS, *COUNT_KEYS, *SECONDS_KEYS)}
 
     def matches(self, kind: str, pod: Mapping[str, Any]) -> bool:
         globs: list[str] = getattr(self, kind)

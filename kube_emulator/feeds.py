@@ -99,8 +99,8 @@ async def log(request: web.Request, cluster: Cluster, namespace: str, name: str)
         if data:
             await response.write(data)
         while True:
-            rt = cluster.kubelet.runtimes.get((namespace, name))
-            alive = rt is not None and rt.uid == uid and rt.node is not None
+            rt = cluster.kubelet.runtimes.get(uid)
+            alive = rt is not None and rt.node is not None
             try:
                 st = path.stat()
             except OSError:

@@ -29,19 +29,22 @@ import logging
 import os
 import shutil
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kube_emulator import images, podstatus, product, store
+from kube_emulator import images, podstatus, product, pulling, store, termination
 from kube_emulator.leftovers import EmulatorRecord, RecordedNode
 from kube_emulator.network import PodNetwork
 from kube_emulator.podexec import PodEntry
 from kube_emulator.pods import PodHost, PodRuntime
 from kube_emulator.product import NodeRecord, ProvisionError
 from kube_emulator.sandbox import CreateError, MountError, Sandbox, Volumes
+from kube_emulator.termination import Termination
 
 log = logging.getLogger(__name__)
+
 
 
 class Kubelet:
@@ -57,7 +60,8 @@ class Kubelet:
         self.network = PodNetwork(mtu)
         self.sandbox = Sandbox(cluster, self.network, instance_dir)
         self.entry = PodEntry()
-        self.runtimes: dict[tuple[str, str], PodRuntime] = {}
+        self.termination = Termination(cluster)
+        self.runtimes: dict[str, PodRuntime] = {}  # by pod uid
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet")
         self.kubeconfig: str = ""
 
@@ -86,10 +90,11 @@ class Kubelet:
     # -- pod lifecycle ----------------------------------------------------------------------
 
     def bind(self, pod: dict[str, Any]) -> None:
-        """The scheduler bound ``pod`` to a node: start running it."""
+        """The scheduler bound ``pod`` to a node: start running it.  Runtimes are the pods'
+        by uid: a pod created again under the same name runs beside its predecessor's
+        container until the kubelet has stopped that one, as on a real node."""
         meta = pod["metadata"]
-        key = (meta["namespace"], meta["name"])
-        if key in self.runtimes:
+        if meta["uid"] in self.runtimes:
             return
         spec = pod["spec"]
         rt = PodRuntime(
@@ -100,34 +105,38 @@ class Kubelet:
             node_name=spec["nodeName"],
             hostname=spec.get("hostname") or meta["name"][:63],
             subdomain=spec.get("subdomain") or "",
+            bound_at=time.monotonic(),
         )
-        self.runtimes[key] = rt
-        rt.task = asyncio.get_running_loop().create_task(self._run(rt), name=f"pod {key}")
+        self.runtimes[rt.uid] = rt
+        loop = asyncio.get_running_loop()
+        rt.task = loop.create_task(self._run(rt), name=f"pod {rt.key} {rt.uid[:8]}")
+        rt.deadline_task = loop.create_task(self.termination.enforce_deadline(rt), name=f"deadline {rt.key}")
 
-    def kill(self, namespace: str, name: str) -> bool:
-        """Stop a pod being deleted; False when the kubelet has nothing of it (delete at once)."""
-        rt = self.runtimes.get((namespace, name))
+    def current(self, namespace: str, name: str) -> PodRuntime | None:
+        """The runtime of the pod the API has under that name now (not a deleted predecessor's)."""
+        pod = self.cluster.store.get("pods", namespace, name)
+        return self.runtimes.get(pod["metadata"]["uid"]) if pod is not None else None
+
+    def kill(self, uid: str, grace: float) -> bool:
+        """The API deleted the pod (``grace`` 0: its object is gone already): stop its
+        container, as :mod:`kube_emulator.termination` does.  False when the kubelet has
+        nothing of it."""
+        rt = self.runtimes.get(uid)
         if rt is None:
             return False
-        rt.deleting = True
-        rt.wake.set()
-        self._signal_node(rt)
+        self.termination.delete(rt, grace)
         return True
-
-    def _signal_node(self, rt: PodRuntime) -> None:
-        """SIGKILL the pod's first process (through its pidfd: never a recycled pid), which
-        ends its whole PID namespace."""
-        if rt.init_pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(rt.init_pidfd, signal.SIGKILL)
 
     async def shutdown(self) -> None:
         """Stop every pod, then remove the bridge and the instance directory."""
         tasks = []
         for rt in list(self.runtimes.values()):
-            rt.deleting = True
+            rt.deleting = rt.stopping = True
             rt.wake.set()
-            self._signal_node(rt)
+            termination.signal_node(rt)
+            for waiting in (rt.stop_task, rt.deadline_task):
+                if waiting is not None:
+                    waiting.cancel()
             if rt.task is not None:
                 tasks.append(rt.task)
         if tasks:
@@ -152,54 +161,62 @@ class Kubelet:
             log.exception("pod %s/%s failed in the emulated kubelet", rt.namespace, rt.name)
             self._set_container(rt, waiting={"reason": "RunContainerError", "message": str(exc)})
         finally:
-            if rt.node is not None:
-                node, rt.node = rt.node, None
-                self._close_pidfd(rt)
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.pool, product.stop_nodes, self.network.tools["ip"], [node])
-            if rt.ip is not None:
-                self.network.release_ip(rt.ip)
-            self.runtimes.pop(rt.key, None)
-            self.persist()
-            if rt.deleting:
-                await asyncio.get_running_loop().run_in_executor(
-                    self.pool, lambda: shutil.rmtree(rt.root, ignore_errors=True)
-                )
-                self.cluster.pod_stopped_for_deletion(rt.namespace, rt.name, rt.uid)
-            self.cluster.trigger_scheduler()
+            await self._after_container(rt)
+
+    async def _after_container(self, rt: PodRuntime) -> None:
+        """The pod's container has stopped for good: free what it held; a pod past its
+        deadline is Failed; one the API deleted (or whose object is gone) loses its files,
+        and its object goes (the kubelet's final delete of a gracefully deleted pod)."""
+        if rt.node is not None:
+            node, rt.node = rt.node, None
+            self._close_pidfd(rt)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.pool, product.stop_nodes, self.network.tools["ip"], [node])
+        if rt.ip is not None:
+            self.network.release_ip(rt.ip)
+        self.runtimes.pop(rt.uid, None)
+        if rt.deadline_task is not None:
+            rt.deadline_task.cancel()
+        self.persist()
+        pod = self._pod(rt)
+        if rt.deadline_exceeded and pod is not None and not rt.deleting:
+            podstatus.set_failed(self.cluster.store, rt, termination.DEADLINE_REASON, termination.DEADLINE_MESSAGE)
+        marked = pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
+        if rt.deleting or pod is None or marked:
+            await asyncio.get_running_loop().run_in_executor(
+                self.pool, lambda: shutil.rmtree(rt.root, ignore_errors=True)
+            )
+            self.cluster.pod_stopped_for_deletion(rt.namespace, rt.name, rt.uid)
+        self.cluster.trigger_scheduler()
 
     def _pod(self, rt: PodRuntime) -> dict[str, Any] | None:
-        pod = self.cluster.store.get("pods", rt.namespace, rt.name)
-        if pod is None or pod["metadata"]["uid"] != rt.uid:
-            return None
-        return pod
+        return rt.pod_in(self.cluster.store)
 
     async def _lifecycle(self, rt: PodRuntime) -> None:
         pod = self._pod(rt)
         if pod is None:
             return
+        podstatus.set_start_time(self.cluster.store, rt)
         container = pod["spec"]["containers"][0]
         if self.cluster.faults.matches("image_pull", pod):
-            await self._image_pull_failure(rt, container)
-            if rt.deleting:
+            await pulling.pull_failure(self.cluster, rt, container)
+            if rt.stopping:
                 return
         view = images.lookup(container.get("image", ""))
         if view is None:  # the emulated registry has no such image: it never pulls
-            await self._image_pull_failure(rt, container, unknown=True)
+            await pulling.pull_failure(self.cluster, rt, container, unknown=True)
             return
         rt.view = view
         mounts = await self._mount_volumes(rt, container)
-        if rt.deleting or mounts is None or await self._start_fault(rt):
+        if rt.stopping or mounts is None or await self._start_fault(rt):
             return
         rt.ip = self.network.allocate_ip()
-        self.cluster.store.modify(
-            "pods", rt.namespace, rt.name, lambda p: podstatus.set_ips(p, rt.ip, self.network.host_ip)
-        )
+        podstatus.modify(self.cluster.store, rt, lambda p: podstatus.set_ips(p, rt.ip, self.network.host_ip))
         first = True
-        while not rt.deleting:
+        while not rt.stopping:
             code = await self._run_once(rt, container, mounts, first)
             first = False
-            if rt.deleting or code is None:
+            if rt.stopping or code is None:
                 return
             rt.exits += 1
             pod = self._pod(rt)
@@ -217,7 +234,7 @@ class Kubelet:
     async def _mount_volumes(self, rt: PodRuntime, container: dict[str, Any]) -> Volumes | None:
         """The pod's volumes, retried while they fail, as the kubelet does (a Secret may come
         later); None when the pod is gone or being deleted, or its container cannot be created."""
-        while not rt.deleting:
+        while not rt.stopping:
             pod = self._pod(rt)
             if pod is None:
                 return None
@@ -230,7 +247,7 @@ class Kubelet:
             except CreateError as exc:
                 self.cluster.events.record(pod, "Warning", "Failed", f"Error: {exc}", component="kubelet", container=0)
                 self._set_container(rt, waiting={"reason": "CreateContainerError", "message": str(exc)})
-                while not rt.deleting:
+                while not rt.stopping:
                     await rt.sleep(3600)
                 return None
         return None
@@ -278,40 +295,9 @@ class Kubelet:
             return False
         self.cluster.events.record(pod, "Warning", "Failed", event, component="kubelet", container=0)
         self._set_container(rt, waiting={"reason": reason, "message": message})
-        while not rt.deleting:
+        while not rt.stopping:
             await rt.sleep(3600)
         return True
-
-    async def _image_pull_failure(self, rt: PodRuntime, container: dict[str, Any], unknown: bool = False) -> None:
-        """ErrImagePull, then ImagePullBackOff with growing back-off, while the fault holds
-        (for an image the emulated registry does not have: until the pod is deleted)."""
-        image = container.get("image", "")
-        why = f"the kube emulator has only {images.KNOWN}" if unknown else "injected by the kube emulator"
-        delay = 1.0
-        while not rt.deleting:
-            pod = self._pod(rt)
-            if pod is None or not (unknown or self.cluster.faults.matches("image_pull", pod)):
-                return
-            msg = (
-                f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack '
-                f'image "{image}": not found ({why})'
-            )
-            rec = self.cluster.events.record
-            rec(pod, "Normal", "Pulling", f'Pulling image "{image}"', component="kubelet", container=0)
-            rec(pod, "Warning", "Failed", msg, component="kubelet", container=0)
-            rec(pod, "Warning", "Failed", "Error: ErrImagePull", component="kubelet", container=0)
-            self._set_container(rt, waiting={"reason": "ErrImagePull", "message": msg})
-            await rt.sleep(min(delay, 1.0))
-            if rt.deleting or self._pod(rt) is None:
-                return
-            rec(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"', component="kubelet", container=0)
-            rec(pod, "Warning", "Failed", "Error: ImagePullBackOff", component="kubelet", container=0)
-            self._set_container(
-                rt,
-                waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'},
-            )
-            await rt.sleep(delay)
-            delay = min(delay * 2, 30.0)
 
     async def _run_once(self, rt: PodRuntime, container: dict[str, Any], mounts: Volumes, first: bool) -> int | None:
         """Start the container's node and wait for its command to exit; its exit code."""
@@ -349,7 +335,7 @@ class Kubelet:
         self._close_pidfd(rt)
         await loop.run_in_executor(self.pool, product.stop_nodes, self.network.tools["ip"], [node])
         self.persist()
-        if not rt.deleting:
+        if not rt.deleting:  # a deleted pod's status is never written again
             self._set_container(
                 rt,
                 terminated={"exitCode": code, "reason": "Completed" if code == 0 else "Error"},
@@ -390,8 +376,8 @@ class Kubelet:
         except OSError:
             rt.init_pidfd = None
         self.persist()
-        if rt.deleting:
-            self._signal_node(rt)
+        if rt.stopping:
+            termination.signal_node(rt)
         return node
 
     def _close_pidfd(self, rt: PodRuntime) -> None:
@@ -421,8 +407,9 @@ class Kubelet:
     # -- exec, port-forward, logs -----------------------------------------------------------
 
     def running(self, namespace: str, name: str) -> PodRuntime | None:
-        rt = self.runtimes.get((namespace, name))
-        if rt is None or rt.node is None or rt.deleting:
+        """The current pod of that name, while its container runs and is not being stopped."""
+        rt = self.current(namespace, name)
+        if rt is None or rt.node is None or rt.stopping:
             return None
         return rt
 

@@ -80,6 +80,7 @@ KIND_FIELDS: dict[str, dict[str, Any]] = {
     "ClusterRole": {"rules": _RULES, "aggregationRule": _OBJECT},
     "RoleBinding": _BINDING,
     "ClusterRoleBinding": _BINDING,
+    "Lease": {"spec": _OBJECT},
 }
 _COMMON = ("apiVersion", "kind", "metadata")
 _OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"

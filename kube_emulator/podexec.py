@@ -180,10 +180,14 @@ async def _spawn_on_pty(argv: list[str], env: dict[str, str], init_pid: int) -> 
 
 def exec_privileges(setpriv: str, confinement: Confinement) -> list[str]:
     """``setpriv`` arguments that give an exec session what the container's own processes
-    hold (its bounding set, no inheritable or ambient capabilities, no_new_privs), as a
-    runtime execs into a container: an exec may not do what the container could not."""
+    hold (its uid and gid, its bounding set, no inheritable or ambient capabilities,
+    no_new_privs), as a runtime execs into a container: an exec may not do what the
+    container could not."""
+    ids: list[str] = []
+    if confinement.user is not None or confinement.group is not None:
+        ids = [f"--reuid={confinement.user or 0}", f"--regid={confinement.group or 0}", "--clear-groups"]
     if confinement.privileged:
-        return []
+        return [setpriv, *ids, "--"] if ids else []
     caps = ",".join(["-all", *(f"+{c.lower()}" for c in confinement.capabilities)])
-    argv = [setpriv, "--bounding-set", caps, "--inh-caps", "-all", "--ambient-caps", "-all"]
+    argv = [setpriv, *ids, "--bounding-set", caps, "--inh-caps", "-all", "--ambient-caps", "-all"]
     return [*argv, "--no-new-privs", "--"] if confinement.no_new_privs else [*argv, "--"]

@@ -36,15 +36,30 @@ class PodRuntime:
     workdir: str = "/"
     hostname: str = ""
     subdomain: str = ""
+    #: The API wants the pod gone: once its container stopped, its files go and so does its
+    #: object (if still there: a force-deleted one is gone already).
     deleting: bool = False
+    #: Its container must stop and never restart: it is being deleted, or its deadline passed.
+    stopping: bool = False
+    #: Its ``activeDeadlineSeconds`` passed: it ends Failed, reason DeadlineExceeded.
+    deadline_exceeded: bool = False
+    #: The grace period its stop was asked with (the shortest of the deletions that came).
+    grace: float | None = None
+    #: When the kubelet took the pod (monotonic): its status.startTime, what its active
+    #: deadline counts from.
+    bound_at: float = 0.0
     exits: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    #: The kubelet's stop of its container, once one was asked for.
+    stop_task: asyncio.Task[None] | None = None
+    #: What enforces its ``activeDeadlineSeconds``.
+    deadline_task: asyncio.Task[None] | None = None
     container_id: str = ""
     started_at: str = ""
     view: images.ImageView = field(default_factory=lambda: images.ImageView(name=""))
     #: What the container's processes hold (its securityContext's), exec sessions too.
-    confinement: Confinement = field(default_factory=product.for_node)
+    confinement: Confinement = field(default_factory=Confinement)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -54,8 +69,13 @@ class PodRuntime:
     def log_path(self) -> Path:
         return self.root / "node.log"
 
+    def pod_in(self, objects: Store) -> Obj | None:
+        """This pod's object, if the object of its name is still this pod (by uid)."""
+        pod = objects.get("pods", self.namespace, self.name)
+        return pod if pod is not None and pod["metadata"]["uid"] == self.uid else None
+
     async def sleep(self, seconds: float) -> None:
-        """Sleep, but wake at once when the pod is being deleted."""
+        """Sleep, but wake at once when the pod's container is to stop."""
         self.wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), seconds)
@@ -70,6 +90,7 @@ class PodHost(Protocol):
     faults: Faults
     dns: dns.DnsServer
     events: EventRecorder
+    ca_pem: bytes
 
     def delete(self, resource: str, namespace: str, name: str, options: dict[str, Any] | None = None) -> Obj: ...
 

@@ -8,11 +8,20 @@ times carry over as a real kubelet's status manager keeps them.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from kube_emulator import store
 from kube_emulator.pods import PodRuntime
 from kube_emulator.store import Obj, Store
+
+
+def modify(objects: Store, rt: PodRuntime, mutate: Callable[[Obj], None]) -> None:
+    """Write ``rt``'s pod, if the object of that name is still this pod (by uid): a pod
+    created again under the same name is not its predecessor's to write."""
+    pod = objects.get("pods", rt.namespace, rt.name)
+    if pod is not None and pod["metadata"]["uid"] == rt.uid:
+        objects.modify("pods", rt.namespace, rt.name, mutate)
 
 
 def _container_status(pod: Obj, rt: PodRuntime, **state: Any) -> dict[str, Any]:
@@ -68,7 +77,7 @@ def set_container(
         status["containerStatuses"] = [cs]
         conditions(pod, now, ready=False, reason="ContainersNotReady", containers=[cs["name"]])
 
-    objects.modify("pods", rt.namespace, rt.name, mutate)
+    modify(objects, rt, mutate)
 
 
 def set_running(objects: Store, rt: PodRuntime, host_ip: str) -> None:
@@ -101,7 +110,7 @@ def set_running(objects: Store, rt: PodRuntime, host_ip: str) -> None:
         set_ips(pod, rt.ip, host_ip)
         conditions(pod, now, ready=True)
 
-    objects.modify("pods", rt.namespace, rt.name, mutate)
+    modify(objects, rt, mutate)
 
 
 def set_phase_done(objects: Store, rt: PodRuntime, code: int) -> None:
@@ -113,7 +122,25 @@ def set_phase_done(objects: Store, rt: PodRuntime, code: int) -> None:
         status["phase"] = "Succeeded" if code == 0 else "Failed"
         conditions(pod, now, ready=False, reason="PodCompleted" if code == 0 else "PodFailed")
 
-    objects.modify("pods", rt.namespace, rt.name, mutate)
+    modify(objects, rt, mutate)
+
+
+def set_failed(objects: Store, rt: PodRuntime, reason: str, message: str) -> None:
+    """The kubelet ended the pod itself (its active deadline): Failed, with why."""
+    now = store.now()
+
+    def mutate(pod: dict[str, Any]) -> None:
+        status = pod.setdefault("status", {})
+        status.update(phase="Failed", reason=reason, message=message)
+        conditions(pod, now, ready=False, reason="PodFailed")
+
+    modify(objects, rt, mutate)
+
+
+def set_start_time(objects: Store, rt: PodRuntime) -> None:
+    """The kubelet took the pod: its startTime, from which its active deadline counts."""
+    now = store.now()
+    modify(objects, rt, lambda pod: pod.setdefault("status", {}).setdefault("startTime", now))
 
 
 def set_ips(pod: dict[str, Any], ip: str | None, host_ip: str) -> None:

@@ -11,14 +11,14 @@ emulator module to it).
 from __future__ import annotations
 
 from pytest_sky import procs
-from pytest_sky.backends import clusterns, confine, local, netns, privileges
+from pytest_sky.backends import clusterns, confine, local, netns
 from pytest_sky.errors import ProvisionError, SkyError
 
 __all__ = [
+    "CAPABILITY_BITS",
     "EMULATOR_RECORD",
     "LINK_PREFIX",
     "NODE_HOME",
-    "RUNTIME_DEFAULT_CAPABILITIES",
     "Confinement",
     "NodeProcess",
     "NodeRecord",
@@ -28,9 +28,7 @@ __all__ = [
     "SkyError",
     "bridge_name",
     "check_forward_policy",
-    "confinement",
     "delete_links",
-    "for_node",
     "is_alive",
     "lease_subnet",
     "link_lock",
@@ -71,11 +69,12 @@ link_lock = netns.link_lock
 reap_stray_bridges = netns.reap_stray_bridges
 passwd_with_home = local.passwd_with_home
 
-# A pod's privileges: what the kubernetes backend's securityContext asks a runtime for.
+# The node runtime's terms for what a container holds, which a node's init carries out, and
+# the kernel's capabilities by name.  Never the product's policy (what a pod of ours asks for,
+# what a runtime gives by default): the emulator judges those by upstream's own lists
+# (``runtime.py``, ``admission.py``).
 Confinement = confine.Confinement
-RUNTIME_DEFAULT_CAPABILITIES = privileges.RUNTIME_DEFAULT_CAPABILITIES
-for_node = privileges.for_node
-confinement = privileges.confinement
+CAPABILITY_BITS = confine.CAPABILITY_BITS
 
 # Processes: telling a recorded pid from a reused one, when reaping a killed emulator's pods.
 start_time = procs.start_time

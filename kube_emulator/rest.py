@@ -178,7 +178,7 @@ class ResourceApi:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         verbs = connect_verbs(method, self.kube_version) if verb == "connect" else (verb,)
         self.authorize(user, verbs, resource, namespace, name, sub)
-        options = await self._body(request) if verb in ("delete", "deletecollection") else None
+        options = await self._delete_options(request) if verb in ("delete", "deletecollection") else None
         if verb == "delete" and name is not None:
             self.deletions.append(Deletion(user.user, resource, namespace or "", name, options or {}))
         if verb in ("list", "watch", "deletecollection"):
@@ -188,6 +188,25 @@ class ResourceApi:
             self._check_fields(request, resource, body)
             return json_response(self.cluster.create(resource, namespace or "", body), 201)
         return await self._object(request, verb, target, options)
+
+    async def _delete_options(self, request: web.Request) -> dict[str, Any]:
+        """DeleteOptions from the query's parameters (what the Python client sends for
+        ``grace_period_seconds=`` and ``propagation_policy=``), then the body's over them."""
+        options: dict[str, Any] = {}
+        query = request.query
+        if "gracePeriodSeconds" in query:
+            try:
+                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            except ValueError:
+                raise ApiError(
+                    400, "BadRequest", f"invalid gracePeriodSeconds {query['gracePeriodSeconds']!r}"
+                ) from None
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        body = await self._body(request)
+        if isinstance(body, dict):
+            options.update(body)
+        return options
 
     async def _collection(
         self, request: web.Request, verb: str, target: Target, options: dict[str, Any] | None

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube_emulator import dns, product
+from kube_emulator import dns, product, runtime
 from kube_emulator.network import PodNetwork
 from kube_emulator.pods import DEFAULT_PATH, PodHost, PodRuntime
 
@@ -75,6 +76,8 @@ class Sandbox:
                 raise CreateError(f"the kube emulator supports subPath only on claims ({vm['name']} at {path})")
             if "secret" in vol:  # a pod's root is its own: the mount point is made in it
                 mounts.ro[str(self.write_secret_volume(rt, vol))] = path
+            elif "projected" in vol:
+                mounts.ro[str(self.write_projected_volume(rt, vol))] = path
             elif "emptyDir" in vol:  # the pod's own, empty at first, gone with the pod
                 target = rt.root / "volumes" / vm["name"]
                 target.mkdir(parents=True, exist_ok=True)
@@ -136,6 +139,26 @@ class Sandbox:
             os.chmod(dest, mode & 0o777)
         return target
 
+    def write_projected_volume(self, rt: PodRuntime, vol: dict[str, Any]) -> Path:
+        """The ServiceAccount admission's projected volume: a token (opaque: it authenticates
+        as nobody here), the cluster's CA, the namespace; other sources are refused."""
+        target = rt.root / "volumes" / vol["name"]
+        target.mkdir(parents=True, exist_ok=True)
+        mode = int(vol["projected"].get("defaultMode", 0o644)) & 0o777
+        for source in vol["projected"].get("sources") or []:
+            if "serviceAccountToken" in source:
+                files = {source["serviceAccountToken"].get("path", "token"): secrets.token_urlsafe(48).encode()}
+            elif (source.get("configMap") or {}).get("name") == "kube-root-ca.crt":
+                files = {item["path"]: self.host.ca_pem for item in source["configMap"].get("items") or []}
+            elif "downwardAPI" in source:
+                files = {item["path"]: rt.namespace.encode() for item in source["downwardAPI"].get("items") or []}
+            else:
+                raise CreateError(f"the kube emulator supports no projected source of {sorted(source)}")
+            for rel, content in files.items():
+                (target / rel).write_bytes(content)
+                os.chmod(target / rel, mode)
+        return target
+
     def container_env(self, rt: PodRuntime, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         env = {"PATH": image_path(), "HOSTNAME": rt.hostname, "HOME": product.NODE_HOME}
         for source in container.get("envFrom") or []:
@@ -186,9 +209,9 @@ class Sandbox:
             command = ["/bin/sh", "-c", "echo 'kube emulator: injected crash' >&2; exit 1"]
         rt.workdir = container.get("workingDir") or "/"
         rt.env = self.container_env(rt, pod, container)
-        # What a runtime makes of the pod's securityContexts, carried out by the node's init
-        # as for a local node (one definition, ``privileges``).
-        rt.confinement = product.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
+        # What the kubelet and containerd make of the pod's securityContexts (``runtime``, by
+        # upstream's rules), carried out by the product's node runtime.
+        rt.confinement = runtime.confinement(pod["spec"].get("securityContext"), container.get("securityContext"))
         # The node inherits the emulator's cwd; a container starts in its workingDir.
         command = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', rt.workdir, *command]
         return product.NodeSpec(

@@ -159,6 +159,7 @@ class EmulatorServer:
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         self.tls = await loop.run_in_executor(None, serving_tls, (self.host,))
+        self.cluster.ca_pem = self.tls.ca.pem
         self._role_cert = self.tls.ca.issue_client(ROLE_USER)
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.context)
         await site.start()
@@ -267,8 +268,12 @@ class EmulatorServer:
     def pods_info(self) -> dict[str, Any]:
         """Where each running pod lives on this machine (the admin endpoint and tests use it)."""
         out = {}
-        for (ns, name), rt in self.cluster.kubelet.runtimes.items():
-            out[f"{ns}/{name}"] = {
+        kubelet = self.cluster.kubelet
+        for rt in sorted(kubelet.runtimes.values(), key=lambda r: kubelet.current(*r.key) is r):
+            # A pod's current runtime last: it is the one its name shows (a deleted
+            # predecessor's container may still be stopping).
+            out[f"{rt.namespace}/{rt.name}"] = {
+                "uid": rt.uid,
                 "root": str(rt.root),
                 "home": str(rt.root / "home"),
                 "log": str(rt.log_path),

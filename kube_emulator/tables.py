@@ -273,3 +273,7 @@ PRINTERS: dict[str, Printer] = {
     ),
 }
 PRINTERS["clusterrolebindings"] = PRINTERS["rolebindings"]
+PRINTERS["leases"] = (
+    _columns("Name", "Holder", "Age"),
+    lambda o: [_name(o), (o.get("spec") or {}).get("holderIdentity") or "", _created(o)],
+)

@@ -100,6 +100,11 @@ def prepare_pod(pod: Obj) -> None:
     for field in ("hostname", "subdomain"):
         if spec.get(field):
             errors += dns_errors(spec[field], f"spec.{field}", "label")
+    deadline = spec.get("activeDeadlineSeconds")
+    if deadline is not None and (not isinstance(deadline, int) or not 1 <= deadline <= 2**31 - 1):
+        errors.append(
+            ("spec.activeDeadlineSeconds", f"Invalid value: {deadline}: must be between 1 and 2147483647, inclusive")
+        )
     policy = spec.get("restartPolicy")
     if policy not in (None, "Always", "OnFailure", "Never"):
         errors.append(
@@ -112,6 +117,63 @@ def prepare_pod(pod: Obj) -> None:
         raise invalid("Pod", name, errors)
     default_pod_spec(spec, containers)
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(containers)}
+
+
+def owner_reference_errors(meta: Obj) -> list[tuple[str, str]]:
+    """``metadata.ownerReferences`` as apimachinery's ValidateOwnerReferences checks them:
+    apiVersion, kind, name and uid each present, at most one controller."""
+    errors: list[tuple[str, str]] = []
+    refs = meta.get("ownerReferences") or []
+    path = "metadata.ownerReferences"
+    for ref in refs:
+        if not isinstance(ref, dict):
+            return [(path, "Invalid value: an owner reference must be an object")]
+        if not str(ref.get("apiVersion") or "").rpartition("/")[2]:
+            errors.append(
+                (f"{path}.apiVersion", f'Invalid value: "{ref.get("apiVersion", "")}": version must not be empty')
+            )
+        if not ref.get("kind"):
+            errors.append((f"{path}.kind", 'Invalid value: "": kind must not be empty'))
+        if not ref.get("name"):
+            errors.append((f"{path}.name", 'Invalid value: "": name must not be empty'))
+        if not ref.get("uid"):
+            errors.append((f"{path}.uid", 'Invalid value: "": uid must not be empty'))
+    controllers = [r for r in refs if isinstance(r, dict) and r.get("controller")]
+    if len(controllers) > 1:
+        names = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in controllers)
+        errors.append((path, f"Invalid value: Only one reference can have Controller set to true. Found {names}"))
+    return errors
+
+
+#: A Lease's MicroTime fields (coordination.k8s.io/v1), RFC 3339 with microseconds.
+_MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})")
+
+
+def prepare_lease(lease: Obj) -> None:
+    """A Lease as coordination.k8s.io/v1's validation takes it: its spec's durations positive,
+    its times RFC 3339 (``MicroTime``)."""
+    name = lease["metadata"]["name"]
+    errors = dns_errors(name, "metadata.name", "subdomain")
+    errors += label_errors(lease["metadata"].get("labels"), "metadata.labels")
+    spec = lease.get("spec") or {}
+    for key in ("leaseDurationSeconds", "leaseTransitions"):
+        value = spec.get(key)
+        low = 1 if key == "leaseDurationSeconds" else 0
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            errors.append(
+                (f"spec.{key}", f"Invalid value: {value}: must be greater than {'0' if low else 'or equal to 0'}")
+            )
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and _MICRO_TIME.fullmatch(value)):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'Lease in version "v1" cannot be handled as a Lease: parsing time "{value}" as '
+                '"2006-01-02T15:04:05.000000Z07:00": cannot parse',
+            )
+    if errors:
+        raise invalid("Lease", name, errors)
 
 
 def prepare_claim(claim: Obj) -> None:

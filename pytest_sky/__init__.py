@@ -15,13 +15,13 @@ or else by the bash supervisor that ``agent.rank`` reads from ``shell``) and str
 Layers, lowest first; a module imports only from its own layer or lower ones (and never in
 a circle), which ``tests/test_layering.py`` checks:
 
-0. errors, naming, procs, locks, protocol, masking, cluster_info, console, shell, registry, interrupts: leaves
-   (registry imports only errors, masking only protocol)
+0. errors, naming, cluster_names, procs, locks, protocol, masking, cluster_info, console, shell, registry,
+   interrupts: leaves (registry and cluster_names import only errors, masking only protocol)
 1. resources, task_file, task, script_files, task_tarball, gpus, settings, state: what the user asks for,
    and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,
-   ssh.kube_proxy, ssh.kube_forwarder
-3. backends.base, backends.netlink, backends.confine, backends.nodeinit_protocol, backends.nodeinit,
+   ssh.kube_credentials, ssh.kube_stream, ssh.kube_proxy, ssh.kube_forwarder
+3. backends.base, backends.netlink, backends.confine, backends.rootpath, backends.nodeinit_protocol, backends.nodeinit,
    backends.clusterns, backends.privileges, backends.netns, backends.netns.nodes, backends.netns.links,
    backends.netns.owners, backends.netns.cgroups, backends.netns.preflight, backends.netns.userns,
    backends.netns.output, backends.netns.reap,
@@ -29,16 +29,17 @@ a circle), which ``tests/test_layering.py`` checks:
    backends.kube_policy, backends.kube_manifests, backends.kube_journal, backends.kube_permissions,
    backends.kube_client,
    backends.kube_ownership, backends.kube_errors, backends.kube_preflight, backends.kube_waiting,
-   backends.kube_files, backends.slurm_site, backends.slurm_owner, backends.slurm_journal,
-   backends.slurm_steps, backends.slurm_submit: the backend interface and its parts
+   backends.kube_files, backends.kube_lease, backends.kube_objects, backends.kube_reaping,
+   backends.slurm_site, backends.slurm_owner, backends.slurm_journal, backends.slurm_steps,
+   backends.slurm_submit: the backend interface and its parts
 4. backends.local_journal, backends.local, backends.kubernetes, backends.slurm, backends
 5. agent.site_hook, agent.records, agent.queue, agent.child, agent.remote, agent.rank, agent.stacks,
    agent.fanout, agent.control, agent.supervisor, agent.server, agent, bootstrap: what goes onto the nodes
 6. diagnosis, runner, job, timeline: the client side of a run
 7. lifecycle: launch, provision, teardown, reap
 8. cluster, artifacts: the handle, and what a failed test keeps of it
-9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.commands, cli.logs, cli,
-   cli.__main__, doctor, pytest_sky: the ways in
+9. junit, failure_report, node_needs, markers, plugin, cli.job_report, cli.power, cli.stale, cli.commands, cli.logs,
+   cli, cli.__main__, doctor, pytest_sky: the ways in
 """
 
 from __future__ import annotations

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_sky import bootstrap, console, lifecycle, shell
+from pytest_sky import bootstrap, cluster_names, console, lifecycle, shell
 from pytest_sky.backends import clusterns, get_backend
 from pytest_sky.backends.base import Backend, LinkDegradation, NetworkFaults
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges, check_privileges
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo
-from pytest_sky.errors import ClusterNotFoundError, RunError, RunTimeoutError, SkyError, TaskError
+from pytest_sky.errors import ClusterNotFoundError, NameTakenError, RunError, RunTimeoutError, SkyError, TaskError
 from pytest_sky.job import Job
 from pytest_sky.protocol import DEFAULT_JOB_CPUS, NodeRef, RunSpec, door_secret
 from pytest_sky.resources import Resources
@@ -37,19 +35,6 @@ if TYPE_CHECKING:
     import paramiko
 
 log = logging.getLogger(__name__)
-
-_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
-
-
-def validate_name(name: str) -> str:
-    """Cluster names become hostnames (``<name>-worker12``) and Kubernetes object names."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise TaskError(
-            f"invalid cluster name {name!r}: use 1-40 lower-case letters, digits and '-', "
-            "starting with a letter and not ending with '-' (e.g. 'dev-2')"
-        )
-    return name
-
 
 class Cluster:
     """A running cluster.  ``run`` executes on every rank; ``down`` removes it."""
@@ -499,6 +484,7 @@ def launch(
     store: StateStore | None = None,
     run_timeout: float | Deadline | None = None,
     on_created: Callable[[Cluster], None] | None = None,
+    name_label: str = "",
     **resources: object,
 ) -> Cluster:
     """Provision a cluster (and, given a task, run it: the result is ``cluster.last_result``).
@@ -515,6 +501,8 @@ def launch(
     cluster as soon as it is up, and its caller owns it from then on: a task that fails or
     times out leaves it up for the caller's report, and the caller tears it down (without
     ``on_created``, such a launch tears it down itself, unless ``keep``).
+    Without ``name`` the cluster gets a generated one, ``sky-<name_label>-<48 random bits>``
+    (``cluster_names``), drawn again if it is taken.
     """
     extra = Resources.from_kwargs(**resources) if resources else Resources()
     cluster, task = bring_up(
@@ -522,6 +510,7 @@ def launch(
         num_nodes,
         extra,
         name=name,
+        name_label=name_label,
         settings=settings or resolve_settings(backend=backend),
         backend_options=backend_options,
         keep=keep,
@@ -547,6 +536,7 @@ def bring_up(
     requested: Resources,
     *,
     name: str | None,
+    name_label: str = "",
     settings: Settings,
     backend_options: dict[str, Any] | None = None,
     keep: bool = False,
@@ -562,7 +552,8 @@ def bring_up(
     placed, notes = settings.for_task(res)
     for note in notes:
         console.note(note)
-    name = validate_name(name or _default_name())
+    given = name is not None
+    name = cluster_names.validate(name if name is not None else cluster_names.generate(name_label))
     shared = check_shared_dir(shared_dir)
     be = get_backend(placed.backend, **{**placed.backend_options(), **(backend_options or {})})
     be.plan(name, n, res, shared)  # before touching any state: refuse what can never work
@@ -572,12 +563,21 @@ def bring_up(
             "and /sys; a task can change the machine it runs on"
         )
     store = store or StateStore()
-    record = lifecycle.provision(be, store, name, n, res, keep=keep, shared_dir=shared, privileges=privileges)
-    return Cluster(record, be, store), task
+    for attempt in range(1, NAME_ATTEMPTS + 1):
+        try:
+            record = lifecycle.provision(be, store, name, n, res, keep=keep, shared_dir=shared, privileges=privileges)
+            return Cluster(record, be, store), task
+        except NameTakenError as exc:
+            if given or attempt == NAME_ATTEMPTS:
+                raise
+            console.note(f"{exc}; launching under another generated name")
+            name = cluster_names.generate(name_label)
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def _default_name() -> str:
-    return f"sky-{os.getpid() % 100000}-{int(time.time() * 1000) % 100000}"
+#: Generated names a launch draws before it gives up: one collision in 2^48 is a fluke, two
+#: in a row something else (an object that takes every name?), said as it is.
+NAME_ATTEMPTS = 3
 
 
 def get_cluster(name: str, store: StateStore | None = None) -> Cluster:

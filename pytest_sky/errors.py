@@ -28,6 +28,12 @@ class ProvisionError(SkyError):
     """Nodes could not be brought up; whatever was created has been removed."""
 
 
+class NameTakenError(ProvisionError):
+    """The cluster's name is taken: by a record of this state directory, or by an object of
+    someone else's where the backend creates its own.  A name the launch generated is drawn
+    again; one the user gave fails with this one line."""
+
+
 class ClusterNotFoundError(SkyError):
     """No cluster of that name is known to this state directory."""
 

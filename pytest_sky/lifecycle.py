@@ -22,7 +22,7 @@ from pytest_sky.backends import get_backend
 from pytest_sky.backends.base import Backend, ProvisionConfig
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges
 from pytest_sky.cluster_info import ClusterInfo
-from pytest_sky.errors import BackendUnavailableError, ProvisionError, SkyError
+from pytest_sky.errors import BackendUnavailableError, NameTakenError, SkyError
 from pytest_sky.resources import Resources
 from pytest_sky.ssh.keys import ClusterKeys
 from pytest_sky.state import ClusterRecord, ClusterResources, ClusterStatus, StateStore
@@ -93,7 +93,7 @@ def _claim(
         resources_label=backend.effective(resources).describe(num_nodes, backend.cloud_label),
     )
     if not store.claim(record):
-        raise ProvisionError(
+        raise NameTakenError(
             f"a cluster named {name!r} already exists: pick another name or remove it with `pytest-sky down {name}`"
         )
     return record

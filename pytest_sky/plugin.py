@@ -10,7 +10,6 @@ does that set-up, once (:func:`_set_up`); the xdist controller never makes one.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -64,6 +63,8 @@ class _SessionState:
     unreported: list[StoppedRun] = field(default_factory=list)
     #: Those a test's report showed (by ``id``).
     reported: set[int] = field(default_factory=set)
+    #: The backends whose stale clusters this session has reaped (on its first cluster of each).
+    reaped_stale: set[str] = field(default_factory=set)
 
     def note_unreported(self, cluster: Cluster) -> None:
         """Before ``cluster`` goes: its stopped runs that no report showed."""
@@ -163,9 +164,8 @@ def _set_up(state: _SessionState) -> None:
     """The first cluster request of this process, once: SIGTERM becomes what Ctrl-C is (so a
     CI job's cancel tears clusters down), and clusters whose owner died (a run killed with
     SIGKILL) are reaped before new ones are made, with whatever else of such runs is left
-    on the machine (``lifecycle.reap_strays``), and what the backend's site still runs for an
-    owner that is gone, found there (a Slurm allocation whose session was killed on a state
-    directory since deleted: ``Backend.reap_stale``)."""
+    on the machine (``lifecycle.reap_strays``); what a backend's site still runs for an owner
+    that is gone goes per backend, in :func:`_reap_stale`."""
     if state.ready:
         return
     state.ready = True
@@ -176,7 +176,6 @@ def _set_up(state: _SessionState) -> None:
         state.sigterm = signal.signal(signal.SIGTERM, _terminate)
     import warnings
 
-    from pytest_sky.backends import get_backend
     from pytest_sky.errors import SkyError
     from pytest_sky.lifecycle import reap_clusters, reap_strays
     from pytest_sky.state import StateStore
@@ -185,7 +184,6 @@ def _set_up(state: _SessionState) -> None:
         store = StateStore()
         state.reaped += reap_clusters(store)
         state.strays += reap_strays(store)
-        state.reaped += get_backend(state.settings.backend, **state.settings.backend_options()).reap_stale()
     except (SkyError, OSError) as exc:
         warnings.warn(pytest.PytestWarning(f"pytest-sky: reaping failed: {exc}"), stacklevel=2)
 
@@ -348,33 +346,6 @@ def _summarise_kept(terminalreporter: Any, state: _SessionState) -> None:
         )
 
 
-def _slug(text: str, limit: int) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    slug = re.sub(r"^test-?", "", slug) or "t"
-    return slug[:limit].strip("-") or "t"
-
-
-def unique_cluster_name(item: pytest.Item, index: int) -> str:
-    """Names unique per test, per xdist worker and per process: ``sky-<test>-<worker>-<hex>``."""
-    return _cluster_name(item.name, index)
-
-
-def _cluster_name(label: str, index: int) -> str:
-    """``sky-<label>-<worker>-<index>-<hex>``: the label is a test's name or a shared scope's."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    token = os.urandom(2).hex()
-    parts = ["sky", _slug(label, 18)]
-    if worker:
-        parts.append(worker)
-    if index:
-        parts.append(str(index))
-    parts.append(token)
-    name = "-".join(parts)
-    if not name[0].isalpha():
-        name = "s" + name
-    return name[:40].rstrip("-")
-
-
 @pytest.fixture(scope="session")
 def sky_settings(request: pytest.FixtureRequest) -> Settings:
     """The session's resolved settings (what the report header shows), e.g. to skip a test
@@ -417,7 +388,8 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
             state,
             task,
             num_nodes=num_nodes,
-            name=name or unique_cluster_name(item, len(mine)),
+            name=name,
+            name_label=_name_label(item.name, len(mine)),
             on_created=_track,
             run_timeout=timeout,
             **resources,
@@ -431,6 +403,12 @@ def sky_launch(request: pytest.FixtureRequest, sky_backend: str) -> Iterator[Cal
         yield factory
     finally:
         _tear_down(state, mine)
+
+
+def _name_label(label: str, index: int) -> str:
+    from pytest_sky import cluster_names
+
+    return cluster_names.label(label, os.environ.get("PYTEST_XDIST_WORKER", ""), index)
 
 
 def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> Cluster:
@@ -452,12 +430,34 @@ def _launch_or_fail(state: _SessionState, task: Any = None, **options: Any) -> C
             on_created(cluster)
 
     _set_up(state)
+    _reap_stale(state, settings)
     try:
         return launch(task, settings=settings, keep=settings.keep_clusters, on_created=track, **options)
     except SkyError as exc:
         problem = str(exc)
     # Outside the except block: the report shows one line, not a chained traceback.
     pytest.fail(f"pytest-sky: {problem}", pytrace=False)
+
+
+def _reap_stale(state: _SessionState, settings: Settings) -> None:
+    """Before this session's first cluster on a backend: that backend's clusters whose owner is
+    gone, found on its site rather than in a state directory (a CI runner that vanished, on
+    any machine: its Kubernetes lease expired; a Slurm allocation whose session was killed on
+    a state directory since deleted) are removed, and the session's summary names them with
+    the other clusters of killed runs; a failure to is a warning, never the test's.  Only a
+    session that asks for a cluster looks."""
+    import warnings
+
+    from pytest_sky.backends import get_backend
+    from pytest_sky.errors import SkyError
+
+    if settings.backend in state.reaped_stale:
+        return
+    state.reaped_stale.add(settings.backend)
+    try:
+        state.reaped += get_backend(settings.backend, **settings.backend_options()).reap_stale()
+    except SkyError as exc:
+        warnings.warn(pytest.PytestWarning(f"pytest-sky: could not reap stale clusters: {exc}"), stacklevel=2)
 
 
 def _tear_down(state: _SessionState, clusters: list[Cluster]) -> None:
@@ -513,7 +513,7 @@ def _shared_cluster(item: pytest.Item, want: MultinodeRequest) -> Cluster:
         cluster = _reset_or_drop(state, item, cluster)
     if cluster is None:
         label = "session" if node is item.session else os.path.splitext(node.name)[0]
-        cluster = _launch_or_fail(state, name=_cluster_name(label, 0), **want.shape)
+        cluster = _launch_or_fail(state, name_label=_name_label(label, 0), **want.shape)
         if key not in state.shared:
             node.addfinalizer(lambda: _release(state, key))
         state.shared[key] = cluster
@@ -569,7 +569,7 @@ class ClusterFactory:
         want = bound((num_nodes,), marker_args, "sky_cluster_factory()", "sky_cluster_factory")
         current = self._state.current
         label = current.name if current is not None else "session"
-        cluster = _launch_or_fail(self._state, name=_cluster_name(label, len(self._made) + 1), **want.shape)
+        cluster = _launch_or_fail(self._state, name_label=_name_label(label, len(self._made) + 1), **want.shape)
         self._made.append(cluster)
         return cluster
 

@@ -48,7 +48,7 @@ BACKENDS: tuple[BackendEntry, ...] = (
         "pytest_sky.backends.kubernetes:KubernetesBackend",
         "pods on the current kube context",
         takes_context=True,
-        needs=(("kubernetes", "kubernetes>=28"),),
+        needs=(("kubernetes", "kubernetes>=29,<38"),),
         cannot_stop="a pod has no stopped state; SkyPilot refuses too",
     ),
     BackendEntry(

@@ -41,6 +41,10 @@ SLURM_CONFIG = "~/.slurm/config"
 SLURM_TIME = "1:00:00"
 #: Seconds a Slurm launch waits for its allocation to run, unless set.
 SLURM_TIMEOUT = 300.0
+#: The defaults the Kubernetes backend applies (``backends.kube_lease`` holds the reasons);
+#: here for the report header, which must not import the backend.
+LEASE_SECONDS = 120.0
+MAX_LIFETIME = 6 * 3600.0
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -221,6 +225,18 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS", backend="slurm", keyword="ready_timeout", unset=f"{SLURM_TIMEOUT:g}",
     ),
     Option(
+        "kube_lease_seconds", "--kube-lease-seconds",
+        "seconds a cluster's lease lasts unrenewed: once its owner is gone that long, any --kubernetes session "
+        "or `pytest-sky down --stale --kubernetes` reaps it", Kind.SECONDS, metavar="SECONDS",
+        backend="kubernetes", keyword="lease_seconds", unset=f"{LEASE_SECONDS:.0f}",
+    ),
+    Option(
+        "kube_max_lifetime", "--kube-max-lifetime",
+        "seconds a pod may run (its activeDeadlineSeconds), the end of a cluster whose owner never returns; "
+        "kept clusters get one only when this is given", Kind.SECONDS, metavar="SECONDS",
+        backend="kubernetes", keyword="max_lifetime", unset=f"{MAX_LIFETIME:.0f} (6 h; kept clusters: none)",
+    ),
+    Option(
         "keep_clusters", "--keep-clusters", "do not tear clusters down; print how to reach and delete them",
         Kind.SWITCH, on_cli=False,
     ),
@@ -263,6 +279,10 @@ class Settings:
     #: The node label naming GPU products (None: the first known key the nodes carry, else
     #: GPU feature discovery's ``nvidia.com/gpu.product``; ``backends.kube_policy``).
     kube_gpu_label: str | None = None
+    #: How long a cluster's lease lasts unrenewed (``backends.kube_lease``); None: its default.
+    kube_lease_seconds: float | None = None
+    #: Pods' activeDeadlineSeconds; None: the default, and none for kept clusters.
+    kube_max_lifetime: float | None = None
     #: Seconds an attached run in a pytest session may take (None: the default; 0: none).
     run_timeout: float | None = None
     slurm_config: str | None = None  # the SSH config naming the login node (PYTEST_SKY_SLURM_CONFIG)

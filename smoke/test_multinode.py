@@ -32,6 +32,16 @@ def test_echo_hi_on_two_nodes(sky_cluster):
     assert [r.stdout for r in res.ranks] == ["hi\n", "hi\n"]
 
 
+@pytest.mark.multinode(num_nodes=2)
+def test_nodes_hold_no_kubernetes_credentials(sky_cluster):
+    """A task gets no API credentials it was not given: pods mount no ServiceAccount token
+    (``automountServiceAccountToken: false``), and local nodes have none either."""
+    res = sky_cluster.run("ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1 || true")
+    assert res.returncode == 0, res.output
+    for rank in res.ranks:
+        assert "No such file or directory" in rank.stdout, rank.stdout  # no token, CA or namespace file
+
+
 @pytest.mark.multinode
 @pytest.mark.parametrize("num_nodes", [2, 3])
 def test_node_ips_and_ranks(sky_launch, num_nodes):

@@ -20,6 +20,7 @@ from kubernetes import client, watch
 from kubernetes.stream import stream
 
 from kube_emulator import images
+from pytest_sky import procs
 from pytest_sky.doctor import link_owners, node_processes
 
 #: kubectl, the independent client the emulator is held to; None where it is not installed.
@@ -47,6 +48,26 @@ def run_kubectl(
     return subprocess.run(argv, input=input, capture_output=True, env=env, timeout=120, check=False)
 
 
+def pod_processes(emulator: Any, pod: str, namespace: str = "default") -> list[tuple[int, int | None]]:
+    """Every process of ``pod``'s container as the emulator runs it now (its node's keeper and
+    each process of its PID namespace), with its start time: alive later means the same one."""
+    info = emulator.pods_info()[f"{namespace}/{pod}"]
+    ns = os.readlink(f"/proc/{info['init_pid']}/ns/pid")
+    found = [info["pid"]]
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                found.append(int(entry))
+        except OSError:
+            continue  # gone meanwhile
+    return [(pid, procs.start_time(pid)) for pid in found]
+
+
+def alive(processes: list[tuple[int, int | None]]) -> list[int]:
+    """Those of ``processes`` (from :func:`pod_processes`) that still run."""
+    return [pid for pid, start in processes if procs.is_alive(pid, start)]
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the emulator's pods are namespace nodes: needs root")
 
 
@@ -61,7 +82,7 @@ def api_client(kubeconfig: Path, context: str | None = None) -> client.ApiClient
     """A client as the product makes one (its loader): the client remembers the files it
     wrote a kubeconfig's inline certificates to, by their content, for the life of the
     process, so a test that loaded it another way would change where the product's go."""
-    from pytest_sky.ssh.kube_proxy import load_kube_config
+    from pytest_sky.ssh.kube_credentials import load_kube_config
 
     cfg = client.Configuration()
     load_kube_config(cfg, str(kubeconfig), context)
@@ -89,7 +110,9 @@ def pod_manifest(
         "command": command or ["sleep", "infinity"],
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
     }
-    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart}
+    # The commands here (sleep, a Python server) handle no SIGTERM: a kubelet waits out a
+    # deleted pod's grace period (30 s unless set) before it SIGKILLs them, the emulator's too.
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart, "terminationGracePeriodSeconds": 1}
     if gpus:
         container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -117,12 +140,13 @@ def wait_for(
     done: Callable[[dict[str, Any]], bool],
     count: int,
     timeout: float = 20,
+    ns: str = "default",
 ) -> dict[str, Any]:
     """Watch pods matching ``selector`` until ``count`` of them satisfy ``done`` (by raw object)."""
     seen: dict[str, Any] = {}
     w = watch.Watch()
     deadline = time.monotonic() + timeout
-    for event in w.stream(v1.list_namespaced_pod, "default", label_selector=selector, timeout_seconds=int(timeout)):
+    for event in w.stream(v1.list_namespaced_pod, ns, label_selector=selector, timeout_seconds=int(timeout)):
         obj = event["raw_object"]
         seen[obj["metadata"]["name"]] = obj
         if event["type"] == "DELETED":
@@ -152,11 +176,11 @@ def unschedulable(pod: dict[str, Any]) -> bool:
     )
 
 
-def run(v1: client.CoreV1Api, pod: str, command: list[str]) -> tuple[int, str]:
+def run(v1: client.CoreV1Api, pod: str, command: list[str], ns: str = "default") -> tuple[int, str]:
     resp = stream(
         v1.connect_get_namespaced_pod_exec,
         pod,
-        "default",
+        ns,
         command=command,
         stderr=True,
         stdin=False,

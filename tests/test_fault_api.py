@@ -337,20 +337,31 @@ def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tm
     pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
     from pytest_sky.backends import kube_manifests as manifests
     from pytest_sky.backends.kubernetes import KubernetesBackend
+    from tests.kube_helpers import alive, pod_processes
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     opts = {"kubeconfig": str(emu.kubeconfig_path)}
     c = pytest_sky.launch(num_nodes=2, name=f"fk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts)
+    # As a real kubelet, the emulator's acts on a deletion seconds later: a force-deleted
+    # pod's container would still run when its object is gone.
+    emu.set_faults(kubelet_delay=3)
     try:
         job = c.submit("sleep 92")
         deadline = time.monotonic() + 30
         while job.status != JobStatus.RUNNING:
             assert time.monotonic() < deadline, "job did not start"
             time.sleep(0.05)
-        start = time.monotonic()
+        while not any(_cmdline(pid) == "sleep 92" for pid, _ in pod_processes(emu, f"{c.name}-worker1")):
+            assert time.monotonic() < deadline, "rank 1 did not start"
+            time.sleep(0.05)
+        old = pod_processes(emu, f"{c.name}-worker1")  # its keeper, sshd, the rank and its sleep
+        start = time.time()
         c.kill_node(1)
+        assert alive(old) == []  # nothing of the old pod runs once kill_node returns
         assert job.wait(15) == JobStatus.FAILED
-        took = time.monotonic() - start
+        # The promise is the job's: it fails within 5 s of the kill, by the head's clock (one
+        # clock here), while kill_node itself waits out the kubelet's 3 s before it returns.
+        took = job.info()["ended"] - start
         assert took < JOB_FAILS_WITHIN_S, within_promise(took)
         assert "rank 1" in job.error, job.error
         api = KubernetesBackend(**opts).api()
@@ -362,7 +373,16 @@ def test_kubernetes_kill_node_deletes_the_pod_and_the_rest_says_what_it_needs(tm
             c.degrade(1, rate_mbit=10)
         c.heal()  # nothing to undo: not an error
     finally:
+        emu.set_faults(kubelet_delay=None)
         c.down()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _keyscan(cluster, ip: str) -> str:
@@ -382,15 +402,20 @@ def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new
 
     monkeypatch.setenv("PYTEST_SKY_HOME", str(tmp_path))
     opts = {"kubeconfig": str(emu.kubeconfig_path)}
+    from tests.kube_helpers import alive, pod_processes
+
     api = KubernetesBackend(**opts).api()
     c = pytest_sky.launch(num_nodes=3, name=f"rk8s-{os.getpid() % 10000}", backend="kubernetes", backend_options=opts)
     sel = manifests.selector(c.name)
+    emu.set_faults(kubelet_delay=3)  # the kubelet stops a deleted pod's container 3 s later
     try:
         old_ip, worker1 = c.node_ips[1], f"{c.name}-worker1"
         old_key = _keyscan(c, old_ip)
         assert c.run('[ "$SKYPILOT_NODE_RANK" = 1 ] || exit 0; echo x > ~/home-file').returncode == 0
         old_uid = api.read_namespaced_pod(worker1, "default").metadata.uid
+        old = pod_processes(emu, worker1)
         c.kill_node(1)
+        assert alive(old) == []
         c.restart_node(1)
         new = api.read_namespaced_pod(worker1, "default")
         assert new.metadata.uid != old_uid  # a new pod, as a real restart of one is
@@ -422,15 +447,17 @@ def test_kubernetes_restart_node_recreates_the_pod_and_every_node_learns_its_new
         )
         assert client.returncode == 0 and client.stdout.strip() == worker1, client.stderr
         # The head too: the client's port-forward and shared connection follow its new pod,
-        # and the workers reach it at its new address, strictly checked.
-        old_head = c.node_ips[0]
-        c.kill_node(0)
+        # and the workers reach it at its new address, strictly checked.  A running node is
+        # killed by restart_node itself, and its successor never runs beside it.
+        old_head, old = c.node_ips[0], pod_processes(emu, f"{c.name}-head")
         c.restart_node(0)
+        assert alive(old) == []
         assert c.node_ips[0] != old_head
         back = c.run(f'echo "ips=$(echo "$SKYPILOT_NODE_IPS" | paste -sd, -)"; {strict} {c.name}-head hostname -I')
         assert back.returncode == 0, back.output
         assert [r.stdout.split() for r in back.ranks] == [[f"ips={','.join(c.node_ips)}", c.node_ips[0]]] * 3
     finally:
+        emu.set_faults(kubelet_delay=None)
         c.down()
     assert api.list_namespaced_pod("default", label_selector=sel).items == []
     assert api.list_namespaced_secret("default", label_selector=sel).items == []

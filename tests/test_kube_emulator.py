@@ -79,7 +79,7 @@ while True:
 
 def forward(v1: client.CoreV1Api, pod: str, port: int = 22) -> socket.socket:
     pf = kube_proxy.open_forward(v1.api_client.configuration, "default", pod, port)  # sturdy when a drop resets it
-    sock = pf.socket(port)
+    sock = pf.socket
     sock.settimeout(10)
     return sock
 

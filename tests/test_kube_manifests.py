@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kube_emulator import admission
+from pytest_sky.backends import kube_lease, privileges
 from pytest_sky.backends import kube_manifests as m
-from pytest_sky.backends import privileges
 from pytest_sky.resources import Resources
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
@@ -15,13 +15,45 @@ VERSIONS = ["1.30.0", "1.37.0"]
 LAUNCH = "0123456789abcdef"
 
 
+OWNER = kube_lease.owner_reference("demo", "5c1b2f0e-0000-4000-8000-000000000000")
+
+
 def manifests(resources: Resources, nodes: int = 3) -> list[dict]:
+    files = {"authorized_keys": b"ssh-ed25519 AAAA x\n", "host_key_0": b"k"}
+    lifetime = m.Lifetime(owner=OWNER, deadline=21600)
     out = [
-        m.secret("demo", "default", {"authorized_keys": b"ssh-ed25519 AAAA x\n", "host_key_0": b"k"}, launch=LAUNCH),
-        m.service("demo", "default", launch=LAUNCH),
+        kube_lease.body("demo", "default", launch=LAUNCH, seconds=120, kept=False),
+        m.secret("demo", "default", files, launch=LAUNCH, owner=OWNER),
+        m.service("demo", "default", launch=LAUNCH, owner=OWNER),
     ]
-    out += [m.pod("demo", r, "default", m.DEFAULT_IMAGE, resources, launch=LAUNCH) for r in range(nodes)]
+    out += [
+        m.pod("demo", r, "default", m.DEFAULT_IMAGE, resources, launch=LAUNCH, lifetime=lifetime) for r in range(nodes)
+    ]
     return out
+
+
+def test_every_object_is_owned_by_the_clusters_lease_and_pods_end_by_their_deadline():
+    lease, *owned = manifests(Resources(), nodes=2)
+    assert lease["apiVersion"] == "coordination.k8s.io/v1" and lease["metadata"]["name"] == "demo"
+    assert lease["spec"]["leaseDurationSeconds"] == 120 and " pid " in lease["spec"]["holderIdentity"]
+    assert lease["metadata"]["labels"][m.LABEL_LAUNCH] == LAUNCH
+    assert [o["metadata"]["ownerReferences"] for o in owned] == [[OWNER]] * 4
+    assert {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": "demo", "uid": OWNER["uid"]} == OWNER
+    for pod in owned[2:]:
+        assert pod["spec"]["activeDeadlineSeconds"] == 21600
+        assert pod["spec"]["automountServiceAccountToken"] is False  # no API credentials in a node
+    kept = kube_lease.body("demo", "default", launch=LAUNCH, seconds=120, kept=True)
+    assert kept["metadata"]["annotations"] == {kube_lease.KEPT: "true"}
+    assert "activeDeadlineSeconds" not in m.pod("demo", 0, "default", "img", Resources(), launch=LAUNCH)["spec"]
+
+
+def test_a_deadline_is_the_default_for_clusters_that_end_and_none_for_kept_ones_unless_given():
+    from pytest_sky.backends.kube_objects import ObjectSettings
+
+    default = ObjectSettings(image="img")
+    assert default.deadline(keep=False) == 6 * 3600 and default.deadline(keep=True) is None
+    given = ObjectSettings(image="img", max_lifetime=90.5)
+    assert given.deadline(keep=False) == given.deadline(keep=True) == 91
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -32,7 +32,9 @@ NS = "default"
 #: Every (verb, resource) the backend may use: what examples/kubernetes/rbac.yaml grants.
 ALLOWED = {
     *{(v, "pods") for v in ("create", "get", "list", "watch", "delete")},
-    *{(v, r) for v in ("create", "get", "delete") for r in ("secrets", "services")},
+    *{(v, "secrets") for v in ("create", "delete")},
+    *{(v, "services") for v in ("create", "get", "delete")},
+    *{(v, "leases") for v in ("create", "get", "list", "update", "patch", "delete")},
     *{(v, r) for v in ("create", "get") for r in ("pods/exec", "pods/portforward")},
     ("get", "pods/log"),
     ("list", "events"),
@@ -62,6 +64,10 @@ def ours(emu: Emulator, cluster: str) -> list[str]:
     left = [f"pod {p.metadata.name}" for p in k.list_namespaced_pod(NS, label_selector=sel).items]
     left += [f"secret {s.metadata.name}" for s in k.list_namespaced_secret(NS, label_selector=sel).items]
     left += [f"service {s.metadata.name}" for s in k.list_namespaced_service(NS, label_selector=sel).items]
+    from kubernetes import client
+
+    leases = client.CoordinationV1Api(k.api_client).list_namespaced_lease(NS, label_selector=sel).items
+    left += [f"lease {lease.metadata.name}" for lease in leases]
     return left
 
 
@@ -117,6 +123,29 @@ def test_a_users_service_named_like_the_cluster_survives_the_collision(home: Pat
         k.delete_namespaced_service("k8s-api", NS)
 
 
+def test_a_generated_name_that_is_taken_is_drawn_again(home: Path, emu: Emulator, monkeypatch):
+    """A 409 on a name the launch generated is a new name, not a failed launch; the object
+    that took the name is left alone, and nothing of the first attempt stays."""
+    from pytest_sky import cluster_names
+
+    real, tokens = cluster_names.token, iter(["000000000000"])
+    monkeypatch.setattr(cluster_names, "token", lambda: next(tokens, None) or real())
+    taken = "sky-collide-000000000000"
+    k = api(emu)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": taken}, "spec": {"ports": [{"port": 80}]}}
+    uid = k.create_namespaced_service(NS, service).metadata.uid
+    try:
+        options = {"kubeconfig": str(emu.kubeconfig_path)}
+        with pytest_sky.launch(num_nodes=1, name_label="collide", backend="kubernetes", backend_options=options) as c:
+            assert c.name != taken and c.name.startswith("sky-collide-") and len(c.name.rpartition("-")[2]) == 12
+            assert c.run("hostname").ranks[0].stdout.strip() == f"{c.name}-head"
+            assert ours(emu, taken) == []  # the first attempt's objects went
+        assert k.read_namespaced_service(taken, NS).metadata.uid == uid
+        assert ours(emu, c.name) == []
+    finally:
+        k.delete_namespaced_service(taken, NS)
+
+
 def test_a_same_named_foreign_pod_survives_a_collision_and_the_cleanup(home: Path, emu: Emulator):
     """A leftover worker of a teammate's same-named cluster: it even carries the cluster label."""
     labels = {**manifests.MANAGED_BY, manifests.LABEL_CLUSTER: "k8s-twin"}
@@ -144,7 +173,7 @@ def test_a_teammates_cluster_of_the_same_name_is_not_wiped(home: Path, emu: Emul
         run = sky(tmp_path / "my-state", emu.kubeconfig_path, "launch", "-c", "k8s-team", "--kubernetes")
         assert run.returncode == 2, run.stdout + run.stderr
         (line,) = error_lines(run)
-        assert "a Secret named 'k8s-team-ssh' already exists" in line, line
+        assert "a Lease named 'k8s-team' already exists" in line, line  # the first object a launch makes
         after = {
             p.metadata.name: p.metadata.uid
             for p in api(emu).list_namespaced_pod(NS, label_selector=manifests.selector("k8s-team")).items
@@ -181,15 +210,17 @@ def test_teardown_deletes_each_object_by_name_with_a_grace_period_and_waits(home
     used = {(r.verb, f"{r.resource}/{r.subresource}" if r.subresource else r.resource) for r in decisions}
     assert not {v for v in used if v[0] == "deletecollection"}, used
     assert used <= ALLOWED, used - ALLOWED
-    assert sorted((d.resource, d.name) for d in deletes) == [
+    assert [(d.resource, d.name) for d in deletes] == [  # the Lease, the owner of the rest, last
         ("pods", "k8s-verbs-head"),
         ("pods", "k8s-verbs-worker1"),
         ("secrets", "k8s-verbs-ssh"),
         ("services", "k8s-verbs"),
+        ("leases", "k8s-verbs"),
     ]
     for d in deletes:
         assert d.options.get("preconditions", {}).get("uid"), d
         assert d.options.get("gracePeriodSeconds") != 0, d  # 0 is a force delete
+    assert not [r for r in decisions if r.resource == "secrets" and r.verb in ("get", "list", "watch")]
 
 
 @pytest.mark.long(8)
@@ -221,7 +252,7 @@ def test_down_purge_forgets_records_whose_api_server_is_gone(home: Path, tmp_pat
     assert "k8s-gone-a: purged" in run.stdout
     (line,) = error_lines(run)
     assert "kube context 'kube-emulator', namespace 'default'" in line, line
-    assert "pod/k8s-gone-a-head secret/k8s-gone-a-ssh service/k8s-gone-a" in line, line
+    assert "lease/k8s-gone-a pod/k8s-gone-a-head secret/k8s-gone-a-ssh service/k8s-gone-a" in line, line
     assert f"-l {manifests.LABEL_LAUNCH}=" in line, line
 
     run = sky(home, kept, "down", "--all", "--purge")
@@ -274,8 +305,8 @@ def test_the_purge_hints_kubectl_command_removes_what_was_left(home: Path, emu: 
     assert run.returncode == 0, run.stdout + run.stderr
     (line,) = error_lines(run)
     command = line.split("`")[-2]  # the last one: the earlier names the missing kubeconfig's fix
-    assert command.startswith("kubectl --context kube-emulator delete pod,secret,service -n default -l "), line
-    assert len(ours(emu, "k8s-hint")) == 4  # two pods, the secret, the service
+    assert command.startswith("kubectl --context kube-emulator delete lease,pod,secret,service -n default -l "), line
+    assert len(ours(emu, "k8s-hint")) == 5  # two pods, the secret, the service, the lease
     done = run_kubectl(emu.kubeconfig_path, *command.split()[1:], context=None)  # the context is in it
     assert done.returncode == 0, done.stdout + done.stderr
     assert ours(emu, "k8s-hint") == []

@@ -184,12 +184,16 @@ def test_the_shipped_role_is_exactly_the_backends_verbs_and_has_no_deletecollect
     }
     assert granted == {
         *{(v, "pods") for v in ("create", "get", "list", "watch", "delete")},
-        *{(v, r) for r in ("secrets", "services") for v in ("create", "get", "delete")},
+        *{(v, "secrets") for v in ("create", "delete")},  # never get, list or watch
+        *{(v, "services") for v in ("create", "get", "delete")},
+        *{(v, "leases") for v in ("create", "get", "list", "update", "patch", "delete")},
         *{(v, r) for r in ("pods/exec", "pods/portforward") for v in ("get", "create")},
         ("get", "pods/log"),
         ("list", "events"),
         ("get", "persistentvolumeclaims"),
     }
+    (leases,) = [r for r in shipped_rules() if "leases" in r["resources"]]
+    assert leases["apiGroups"] == ["coordination.k8s.io"] and leases["resources"] == ["leases"]
     assert all(g.namespace == "default" for g in grants)  # a Role: applied with kubectl apply -n
     kinds = [d["kind"] for d in yaml.safe_load_all(SHIPPED.read_text()) if d]
     assert kinds == ["Role", "ServiceAccount", "RoleBinding"]
@@ -274,7 +278,26 @@ def purge(emu: Emulator, cluster: str) -> list[str]:
         for obj in lister("default", label_selector=sel).items:
             left.append(f"{kind} {obj.metadata.name}")
             deleter(obj.metadata.name, "default")
+    from kubernetes import client
+
+    leases = client.CoordinationV1Api(api.api_client)
+    for lease in leases.list_namespaced_lease("default", label_selector=sel).items:
+        left.append(f"lease {lease.metadata.name}")
+        leases.delete_namespaced_lease(lease.metadata.name, "default")
     return left
+
+
+def admin_api(emu: Emulator):
+    return KubernetesBackend(kubeconfig=str(emu.kubeconfig_path)).api()
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
 
 
 def since_135(emu: Emulator) -> bool:
@@ -471,6 +494,16 @@ def test_the_shipped_role_is_exactly_what_the_backend_asks_for(home: Path, emu13
     since = len(emu135.decisions())
     with launch_as_role(emu135, "rbac-all") as c:
         assert c.run("true").ok
+    # A lease renewed (get, update), then left to expire and reaped as stale (list, update).
+    options = {"kubeconfig": str(emu135.kubeconfig_path), "context": ROLE_CONTEXT, "lease_seconds": 1}
+    stale = pytest_sky.launch(num_nodes=1, name="rbac-stale", backend="kubernetes", backend_options=options)
+    leases = client.CoordinationV1Api(admin_api(emu135).api_client)
+    first = leases.read_namespaced_lease("rbac-stale", "default").spec.renew_time
+    wait_until(lambda: leases.read_namespaced_lease("rbac-stale", "default").spec.renew_time != first, "no renewal")
+    stale._backend.creator.stop_renewing("rbac-stale")  # its owner gone, as a runner that vanished
+    reaper = KubernetesBackend(kubeconfig=str(emu135.kubeconfig_path), context=ROLE_CONTEXT)
+    wait_until(lambda: reaper.reap_stale() == ["rbac-stale"], "the stale cluster was not reaped")
+    stale.down()  # its local record; nothing of it is left on the cluster
     emu135.set_faults(crash="rbac-crash-*")
     try:
         with pytest.raises(ProvisionError, match="failed before sshd came up"):
@@ -499,3 +532,27 @@ def test_the_shipped_role_is_exactly_what_the_backend_asks_for(home: Path, emu13
         f"granted, never asked for: {sorted(granted_by(SHIPPED.read_text()) - allowed_)}; "
         f"asked for, not granted: {sorted(allowed_ - granted_by(SHIPPED.read_text()))}"
     )
+
+
+def test_a_launch_refused_at_its_lease_cleans_up_without_reading_a_secret(
+    home: Path, emu135: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Lease is the first object a launch makes: a name whose Lease is taken fails the
+    launch in one line, and the clean-up knows nothing was made (no read of the Secret that
+    the Role may not read, no warning), and leaves the Lease that took the name alone."""
+    from kubernetes import client
+
+    leases = client.CoordinationV1Api(admin_api(emu135).api_client)
+    taken = leases.create_namespaced_lease("default", {"metadata": {"name": "rbac-taken"}, "spec": {}})
+    since = len(emu135.decisions())
+    try:
+        with pytest.raises(ProvisionError, match="a Lease named 'rbac-taken' already exists") as err:
+            launch_as_role(emu135, "rbac-taken")
+        assert "\n" not in str(err.value)
+        allowed_, denied = role_requests(emu135, since)
+        assert denied <= TOLERATED, denied
+        assert not [r for _, r in allowed_ if r == "secrets"], allowed_
+        assert leases.read_namespaced_lease("rbac-taken", "default").metadata.uid == taken.metadata.uid
+        assert not [r for r in caplog.records if "cleanup" in r.getMessage()], caplog.text
+    finally:
+        leases.delete_namespaced_lease("rbac-taken", "default")

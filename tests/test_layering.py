@@ -133,6 +133,70 @@ def test_test_infrastructure_reaches_the_plugin_only_through_its_product_module(
     assert through == {"product"}
 
 
+#: What the emulator's judges may take from the product: the node primitive and its terms
+#: (and the kernel's capability numbers), never a policy list.  Admission, the reading of a
+#: securityContext and a pod's sandbox judge the pods pytest-sky makes: a product bug in what
+#: a pod may hold would otherwise be copied into the judge (issue 48).
+JUDGE_MAY_USE = {"NodeSpec", "NODE_HOME", "passwd_with_home", "Confinement", "CAPABILITY_BITS"}
+JUDGES = ("admission", "runtime", "sandbox")
+
+
+def test_the_emulators_judges_take_no_policy_from_the_product() -> None:
+    for name in JUDGES:
+        tree = ast.parse(EMULATOR.modules[f"kube_emulator.{name}"].read_text())
+        used = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "product"
+        }
+        used |= {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "kube_emulator.product"
+            for alias in node.names
+        }
+        assert used <= JUDGE_MAY_USE, f"{name} takes {sorted(used - JUDGE_MAY_USE)} from the product"
+    assert "product" not in EMULATOR.graph["admission"]
+    assert "pytest_sky.backends.privileges" not in EMULATOR.imports("kube_emulator.product", of=PLUGIN.name)
+
+
+#: Modules of the kubernetes client the plugin may not import: the websocket machinery behind
+#: ``stream`` (the plugin speaks the port-forward protocol itself, ``ssh/kube_stream.py``) and
+#: the kubeconfig loader's module, whose globals (``ExecProvider``) it once swapped.
+NOT_PUBLIC = ("kubernetes.stream.ws_client", "kubernetes.config.kube_config")
+
+
+def test_the_plugin_uses_the_kubernetes_client_through_its_public_face_only() -> None:
+    """No private attribute or module global of the client is read, set or replaced: nothing
+    under a name with a leading underscore, nothing of ``ws_client`` or ``kube_config``."""
+    offences = []
+    for name, path in PLUGIN.modules.items():
+        tree = ast.parse(path.read_text())
+        bound: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported = [
+                    (a.name, (a.asname or a.name).split(".")[0]) for a in node.names if _within(a.name, "kubernetes")
+                ]
+            elif isinstance(node, ast.ImportFrom) and node.module and _within(node.module, "kubernetes"):
+                imported = [(f"{node.module}.{a.name}", a.asname or a.name) for a in node.names]
+            else:
+                continue
+            for full, local in imported:
+                parts = full.split(".")
+                if any(part.startswith("_") for part in parts) or any(_within(full, m) for m in NOT_PUBLIC):
+                    offences.append(f"{name}: imports {full}")
+                bound.add(local)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in bound:
+                    offences.append(f"{name}:{node.lineno}: {base.id}...{node.attr}")
+    assert offences == []
+
+
 @pytest.mark.parametrize("infrastructure", [EMULATOR, TESTBED], ids=["kube_emulator", "slurm_testbed"])
 def test_the_plugin_never_imports_test_infrastructure(infrastructure: Package) -> None:
     assert [m for m in PLUGIN.modules if PLUGIN.imports(m, of=infrastructure.name)] == []

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sky import naming
+from pytest_sky import cluster_names, naming
 from pytest_sky.backends import kube_manifests
+from pytest_sky.errors import TaskError
 
 
 def test_names_roles_and_hostnames() -> None:
@@ -17,6 +18,29 @@ def test_names_roles_and_hostnames() -> None:
     assert [naming.role(r) for r in range(3)] == ["head", "worker", "worker"]
     assert naming.node_hostname("c", 0) == "c-head"
     assert naming.node_hostname("my-cluster", 12) == "my-cluster-worker12"
+
+
+def test_generated_cluster_names_are_distinct_and_keep_their_whole_token() -> None:
+    """Two pipelines in one namespace must not meet: 48 random bits in every generated name,
+    whole even where a long label has to be cut for the pods' DNS-label names."""
+    long_label = cluster_names.slug("test_a_very_long_test_name_that_goes_on_and_on[param-1-2-3]", 18)
+    names = [cluster_names.generate(long_label, "gw12", "7") for _ in range(10_000)]
+    assert len(set(names)) == 10_000
+    tokens = set()
+    for name in names:
+        prefix, _, token = name.rpartition("-")
+        assert len(token) == 2 * cluster_names.TOKEN_BYTES == 12 and int(token, 16) >= 0, name
+        assert prefix.startswith("sky-a-very-long") and cluster_names.validate(name) == name
+        assert len(kube_manifests.pod_name(name, 99)) <= 63  # a DNS label, as a pod's hostname is
+        tokens.add(token)
+    assert len(tokens) == 10_000
+    assert cluster_names.generate().startswith("sky-") and len(cluster_names.generate()) == 16
+
+
+@pytest.mark.parametrize("bad", ["", "Sky", "-a", "a-", "a" * 41, "a_b", "1abc"])
+def test_a_name_the_user_gives_is_held_to_what_hostnames_and_objects_take(bad: str) -> None:
+    with pytest.raises(TaskError, match="invalid cluster name"):
+        cluster_names.validate(bad)
 
 
 def test_pods_are_named_and_labelled_from_it() -> None:

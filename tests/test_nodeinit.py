@@ -203,3 +203,25 @@ def test_a_node_whose_pipe_closes_before_it_is_configured_fails_with_its_log(cap
     expected = "node n0 did not start: the node's first process exited | sshd: no hostkeys"
     with pytest.raises(ProvisionError, match=re.escape(expected)):
         host_reads(relayed, log)
+
+
+def test_a_mounts_destination_is_resolved_inside_the_nodes_root(tmp_path: Path) -> None:
+    """An image's /var/run -> /run (absolute) must lead a volume's mount, and the directories
+    made for it, to the node's /run, never the host's; a relative link stays inside too, and
+    .. stops at the node's root."""
+    from pytest_sky.backends.rootpath import within
+
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    (root / "var").mkdir()
+    (root / "var" / "run").symlink_to("/run")
+    (root / "etc").mkdir()
+    (root / "etc" / "alt").symlink_to("../run")
+    (root / "loop").symlink_to("/loop")
+    r = str(root)
+    assert within(r, "/var/run/secrets/kubernetes.io/serviceaccount") == f"{r}/run/secrets/kubernetes.io/serviceaccount"
+    assert within(r, "/etc/alt/x") == f"{r}/run/x"
+    assert within(r, "/../../etc/passwd") == f"{r}/etc/passwd"
+    assert within(r, "/") == f"{r}/"
+    with pytest.raises(Exception, match="too many symbolic links"):
+        within(r, "/loop/x")

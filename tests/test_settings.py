@@ -239,6 +239,20 @@ def test_kube_timeout_is_an_option_too_and_reaches_the_backend() -> None:
     assert str(info.value) == "PYTEST_SKY_KUBE_TIMEOUT='soon' is not a number of seconds (e.g. 600)"
 
 
+def test_a_clusters_lease_and_its_pods_max_lifetime_are_settings_the_header_shows() -> None:
+    default = resolve(kubernetes=True, environ={}).describe()
+    assert "kube_max_lifetime=21600 (6 h; kept clusters: none) (from default)" in default
+    assert "kube_lease_seconds=120 (from default)" in default
+    s = resolve(
+        kubernetes=True,
+        kube_max_lifetime="3600",
+        environ={"PYTEST_SKY_KUBE_LEASE_SECONDS": "30"},
+    )
+    assert s.backend_options() == {"lease_seconds": 30.0, "max_lifetime": 3600.0}
+    assert "kube_max_lifetime=3600.0 (from --kube-max-lifetime)" in s.describe()
+    assert "kube_lease_seconds=30.0 (from PYTEST_SKY_KUBE_LEASE_SECONDS)" in s.describe()
+
+
 def test_the_header_shows_only_the_chosen_backends_settings() -> None:
     local = resolve(environ={}).describe()
     kube = resolve(backend="k8s", environ={}).describe()
@@ -278,3 +292,16 @@ def test_a_backend_whose_client_is_not_installed_is_one_line_naming_the_package(
     with pytest.raises(BackendUnavailableError) as info:
         get_backend("nowhere")
     assert str(info.value) == "unknown backend 'nowhere': choose one of local, kubernetes, slurm, faraway, k8s"
+
+
+def test_a_backends_missing_client_is_named_with_the_range_ci_tests() -> None:
+    """The requirement the one-line error names is pyproject's own (the client majors CI
+    runs the Kubernetes stage on, lowest and highest), not a second spelling of it."""
+    from pathlib import Path
+
+    from pytest_sky import registry
+
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()  # no tomllib on 3.10
+    for entry in registry.BACKENDS:
+        for _, requirement in entry.needs:
+            assert f'"{requirement}",' in pyproject, requirement

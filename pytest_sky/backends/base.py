@@ -93,6 +93,22 @@ class NetworkFaults:
         )
 
 
+@dataclass(frozen=True)
+class ClusterHold:
+    """A cluster as its backend's own record of ownership shows it, away from any state
+    directory (a Kubernetes Lease): what ``status`` and ``doctor`` list, and what ``down
+    --stale`` decides on."""
+
+    name: str
+    where: str  # e.g. "kube context C, namespace N"
+    holder: str  # who holds it: host and pid
+    age_s: float | None
+    renewed_s: float | None  # seconds since its holder last renewed it
+    lease_s: float  # how long it lasts without renewal
+    kept: bool  # kept on purpose: never reaped
+    expired: bool  # not renewed for a whole lease: its owner is gone
+
+
 class Backend(ABC):
     name: str
     cloud_label: str  # "Local", "Kubernetes": what status shows in the resources column
@@ -175,10 +191,17 @@ class Backend(ABC):
         return []
 
     def reap_stale(self) -> list[str]:
-        """Remove what this backend's site still runs for clusters whose owner is gone, found
-        there rather than in a state directory (a killed session's, whose directory may be
-        gone too); what went, one entry each.  Never what another user, or no pytest-sky,
-        made.  Nothing here: a local node dies with its machine's state directory's reaper."""
+        """Remove this backend's clusters whose owner is gone, judged by what the backend's
+        site itself holds (a Kubernetes Lease, a Slurm allocation's owner record), from any
+        machine, a killed session's whose state directory may be gone too; what went, one entry
+        each.  Never what another user, or no pytest-sky, made.  A backend whose clusters are
+        known only to this machine's records has nothing beyond what ``lifecycle.reap``
+        removes: none here."""
+        return []
+
+    def held_clusters(self) -> list[ClusterHold]:
+        """Every cluster this backend's own records of ownership show, wherever it was launched
+        (``status`` and ``doctor`` list them); none where there are no such records."""
         return []
 
     def leftovers(self, name: str, journal: Journal) -> str:

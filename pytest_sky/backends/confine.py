@@ -65,6 +65,7 @@ CAPABILITY_BITS = {
 }
 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+PR_SET_KEEPCAPS = 8
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 #: The system calls a profile may refuse here, by name, each with its number and the errno a
@@ -101,6 +102,12 @@ class Confinement:
     #: System calls its seccomp profile refuses (names in REFUSABLE_SYSCALLS), as a runtime's
     #: default profile refuses some.  Empty by default.
     refused_syscalls: list[str] = field(default_factory=list)
+    #: The uid and gid its first process runs as (a pod's runAsUser, runAsGroup); None: root,
+    #: as every node of pytest-sky's own runs (the emulator's pods may ask otherwise).
+    user: int | None = None
+    group: int | None = None
+    #: Its root filesystem read-only (readOnlyRootFilesystem): its volumes stay as they are.
+    readonly_root: bool = False
 
 
 class ConfineError(Exception):
@@ -155,13 +162,28 @@ def refuse_syscalls(names: list[str]) -> None:
         raise ConfineError(f"seccomp filter refusing {', '.join(names)}: {os.strerror(ctypes.get_errno())}")
 
 
+def _become(user: int, group: int) -> None:
+    """Take ``user`` and ``group`` (no supplementary groups) keeping the permitted set, as
+    runc does before it sets the process's capabilities; the exec that follows then gives a
+    process that is not root none (no file capabilities, no ambient set: capabilities(7))."""
+    _prctl(PR_SET_KEEPCAPS, 1, "keep capabilities across setuid")
+    try:
+        os.setgroups([])
+        os.setresgid(group, group, group)
+        os.setresuid(user, user, user)
+    except OSError as exc:
+        raise ConfineError(f"run as uid {user}, gid {group}: {exc.strerror}") from None
+    _prctl(PR_SET_KEEPCAPS, 0, "stop keeping capabilities across setuid")
+
+
 def drop_privileges(confinement: Confinement) -> None:
     """The last step before the node's first process is exec'd: the system calls its profile
     refuses, then the bounding set cut to the node's capabilities (so nothing exec'd later,
-    root or setuid, regains more), ambient and inheritable cleared, permitted and effective
-    set to them; then no_new_privs if asked."""
+    root or setuid, regains more), ambient and inheritable cleared, the uid and gid it asks
+    for taken, permitted and effective set to them; then no_new_privs if asked."""
     if confinement.refused_syscalls:
         refuse_syscalls(confinement.refused_syscalls)
+    ids = (confinement.user or 0, confinement.group or 0)
     if not confinement.privileged:
         keep = capability_mask(confinement.capabilities)
         with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -170,10 +192,14 @@ def drop_privileges(confinement: Confinement) -> None:
             if not keep >> cap & 1:
                 _prctl(PR_CAPBSET_DROP, cap, f"drop capability {cap} from the bounding set")
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "clear the ambient capabilities")
+        if ids != (0, 0):
+            _become(*ids)
         header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
         low, high = keep & 0xFFFFFFFF, keep >> 32
         data = (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)  # effective, permitted, inheritable
         if _libc.capset(header, data) != 0:
             raise ConfineError(f"capset: {os.strerror(ctypes.get_errno())}")
+    elif ids != (0, 0):
+        _become(*ids)
     if confinement.no_new_privs:
         _prctl(PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")

@@ -24,11 +24,11 @@ from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.backends.kube_permissions import Rule
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import BackendUnavailableError
-from pytest_sky.ssh import kube_proxy
+from pytest_sky.ssh import kube_credentials
 
 if TYPE_CHECKING:
     from kubernetes import client, watch
-    from kubernetes.client import CoreV1Api
+    from kubernetes.client import CoordinationV1Api, CoreV1Api
     from kubernetes.client.exceptions import ApiException
 
 __all__ = ["ApiException", "CoreV1Api", "KubeClient"]
@@ -64,6 +64,7 @@ class KubeClient:
         self.in_cluster = False
         self._api: CoreV1Api | None = None
         self._cfg: client.Configuration | None = None
+        self._coordination: CoordinationV1Api | None = None
 
     def api(self) -> CoreV1Api:
         if self._api is not None:
@@ -104,7 +105,7 @@ class KubeClient:
         self.context = ctx["name"]
         if not self.requested_namespace:
             self.namespace = ctx.get("context", {}).get("namespace") or "default"
-        kube_proxy.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
+        kube_credentials.load_kube_config(cfg, path, self.context)  # exec plugins' credentials cached
         self.kubeconfig = path
 
     def _load_in_cluster(self, cfg: client.Configuration) -> None:
@@ -120,6 +121,18 @@ class KubeClient:
             except OSError:
                 pass
 
+    def coordination(self, own: bool = False) -> CoordinationV1Api:
+        """The Leases API (``coordination.k8s.io/v1``); ``own``: on a connection pool of its
+        own, for another thread (a lease's renewer)."""
+        from kubernetes import client
+
+        api = self.api()
+        if own:
+            return client.CoordinationV1Api(client.ApiClient(self._cfg))
+        if self._coordination is None:
+            self._coordination = client.CoordinationV1Api(api.api_client)
+        return self._coordination
+
     def configuration(self) -> client.Configuration:
         """The client's configuration of this context (what a port-forward is opened with)."""
         self.api()
@@ -129,7 +142,7 @@ class KubeClient:
     def stream_api(self) -> CoreV1Api:
         """A client of its own for each exec: the client's ``stream`` swaps its ApiClient's
         request function while it runs, which breaks any other call sharing it.  (A
-        port-forward needs none: ``kube_proxy.open_forward`` opens it from the configuration.)"""
+        port-forward needs none: ``kube_stream`` opens it from the configuration.)"""
         from kubernetes import client
 
         self.api()
@@ -146,7 +159,8 @@ class KubeClient:
         if record.context and record.context != IN_CLUSTER:
             self.context = record.context
             self.kubeconfig = record.kubeconfig or self.kubeconfig
-        self.namespace = record.namespace or self.namespace
+        if record.namespace:  # asked for, so that loading the kubeconfig keeps it
+            self.namespace = self.requested_namespace = record.namespace
 
     def exec(self, pod: str, command: list[str], timeout: float = 120) -> tuple[int, str]:
         """Run ``command`` in ``pod``'s container: its exit code and its output (stdout and
@@ -227,8 +241,12 @@ class KubeClient:
         return (int(major), int(minor)) if major and minor else None
 
     @staticmethod
-    def delete_options(uid: str, grace_period: int | None = None) -> client.V1DeleteOptions:
-        """Delete only the object of this uid (a same-named replacement is never hit)."""
-        from kubernetes import client
-
-        return client.V1DeleteOptions(grace_period_seconds=grace_period, preconditions=client.V1Preconditions(uid=uid))
+    def delete_options(uid: str, grace_period: int | None = None, propagation: str | None = None) -> dict[str, Any]:
+        """Delete only the object of this uid (a same-named replacement is never hit); a
+        DeleteOptions body as plain JSON, the same for every client major."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        if grace_period is not None:
+            options["gracePeriodSeconds"] = grace_period
+        if propagation is not None:
+            options["propagationPolicy"] = propagation
+        return options

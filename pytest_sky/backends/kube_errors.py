@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pytest_sky.backends.kube_ownership import ObjectRef
 from pytest_sky.backends.privileges import NONE_ASKED, Privileges
-from pytest_sky.errors import BackendUnavailableError, ProvisionError
+from pytest_sky.errors import BackendUnavailableError, NameTakenError, ProvisionError
 from pytest_sky.ssh import kube_proxy
 
 #: What the API server says when a pod needs limits of its own: a ResourceQuota counts them
@@ -136,7 +136,7 @@ def creation_refused(
     refusal = Refusal.of(exc)
     where = f"namespace {namespace!r} of kube context {context!r}"
     if refusal.status == 409:
-        return ProvisionError(
+        return NameTakenError(
             f"a {ref.kind} named {ref.name!r} already exists in {where} and is not this launch's "
             f"(left untouched): pick another cluster name (-c NAME), or delete that {ref.kind} if it is yours"
         )

@@ -36,6 +36,14 @@ class KubeRecord:
     #: The cluster's forwarder (its socket, written before it starts; its process once it
     #: has one), which the ssh config's ProxyCommand dials; None in an older journal.
     forwarder: Handle | None = None
+    #: The launch makes the cluster's Lease (``kube_lease``) before anything else: with no
+    #: ``lease_uid`` yet, nothing was made.  False in a journal from before leases.
+    leased: bool = False
+    #: The uid of the cluster's Lease (named after the cluster), the owner of every other
+    #: object; None before it was created, or in an older journal.
+    lease_uid: str | None = None
+    #: The uid of the cluster's Secret, which teardown deletes by it (the Role may not read it).
+    secret_uid: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +56,9 @@ class KubeRecord:
             "shared_dir": self.shared_dir,
             "pod_specs": list(self.pod_specs),
             "forwarder": dataclasses.asdict(self.forwarder) if self.forwarder else None,
+            "leased": self.leased,
+            "lease_uid": self.lease_uid,
+            "secret_uid": self.secret_uid,
         }
 
     @classmethod
@@ -62,6 +73,9 @@ class KubeRecord:
             shared_dir=data.get("shared_dir") or None,
             pod_specs=tuple(data.get("pod_specs") or ()),
             forwarder=Handle(**data["forwarder"]) if data.get("forwarder") else None,
+            leased=bool(data.get("leased")),
+            lease_uid=data.get("lease_uid") or None,
+            secret_uid=data.get("secret_uid") or None,
         )
 
     @classmethod

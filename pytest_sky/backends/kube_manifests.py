@@ -113,23 +113,31 @@ def secret_name(cluster: str) -> str:
     return f"{cluster}-ssh"
 
 
-def secret(cluster: str, namespace: str, files: dict[str, bytes], *, launch: str) -> dict:
+def metadata(name: str, namespace: str, object_labels: dict[str, str], owner: dict | None) -> dict:
+    """An object's metadata; ``owner``: its ownerReference (the cluster's Lease, ``kube_lease``)."""
+    meta: dict = {"name": name, "namespace": namespace, "labels": object_labels}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def secret(cluster: str, namespace: str, files: dict[str, bytes], *, launch: str, owner: dict | None = None) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": secret_name(cluster), "namespace": namespace, "labels": labels(cluster, launch=launch)},
+        "metadata": metadata(secret_name(cluster), namespace, labels(cluster, launch=launch), owner),
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in sorted(files.items())},
     }
 
 
-def service(cluster: str, namespace: str, *, launch: str) -> dict:
+def service(cluster: str, namespace: str, *, launch: str, owner: dict | None = None) -> dict:
     """Headless: pod hostname + subdomain resolve (torch's c10d store needs node names).
     Its members are this launch's pods only, never another pod with the cluster's label."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster, launch=launch)},
+        "metadata": metadata(cluster, namespace, labels(cluster, launch=launch), owner),
         "spec": {
             "clusterIP": "None",
             "selector": members(cluster, launch),
@@ -205,6 +213,15 @@ class Placement:
     gpu: GpuSelector | None = None
 
 
+@dataclass(frozen=True)
+class Lifetime:
+    """What bounds a pod's life without its owner: the cluster's Lease as its owner (its
+    ownerReference), and ``activeDeadlineSeconds`` (None: no deadline)."""
+
+    owner: dict | None = None
+    deadline: int | None = None
+
+
 def spread(cluster: str, launch: str) -> dict:
     """Soft anti-affinity among one launch's pods: spread over machines when they fit, share
     one when not.  Another pod with the cluster's label is not a reason to move."""
@@ -228,15 +245,21 @@ def pod(
     *,
     launch: str,
     asked: privileges.Privileges = privileges.NONE_ASKED,
+    lifetime: Lifetime | None = None,
 ) -> dict:
-    """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`)."""
+    """Pod ``rank``; ``secret_keys`` are the keys of the cluster's Secret (see :func:`secret_items`).
+
+    No ServiceAccount token is mounted (``automountServiceAccountToken: false``): nothing in
+    a node talks to the API server, so a task never holds credentials it was not given."""
     placement = placement or Placement()
+    lifetime = lifetime or Lifetime()
     spec: dict = {
         "hostname": pod_name(cluster, rank),
         "subdomain": cluster,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
         "securityContext": privileges.pod_security_context(),
         "affinity": spread(cluster, launch),
         "containers": [
@@ -261,13 +284,7 @@ def pod(
     if shared is not None:
         spec["volumes"].append({"name": "shared", "persistentVolumeClaim": {"claimName": shared.claim}})
         spec["containers"][0]["volumeMounts"].append({"name": "shared", "mountPath": shared.path, "subPath": cluster})
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(cluster, rank),
-            "namespace": namespace,
-            "labels": labels(cluster, rank, launch=launch),
-        },
-        "spec": spec,
-    }
+    if lifetime.deadline is not None:
+        spec["activeDeadlineSeconds"] = lifetime.deadline
+    meta = metadata(pod_name(cluster, rank), namespace, labels(cluster, rank, launch=launch), lifetime.owner)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -2,9 +2,13 @@
 
 A cleanup never deletes an object pytest-sky did not create: each object the launch may have
 made is read by name (never a collection), counts as ours only if it carries the launch's
-label (for a journal from before launch ids: the cluster's and managed-by labels), and is
-deleted with its uid as a precondition, so a same-named object made since by someone else
-survives.  Deleted pods linger while they terminate; "gone" is awaited by their uids.
+label (for a journal from before launch ids: the cluster's and managed-by labels) and, where
+the launch made a Lease, names that Lease (by uid) as its owner; and it is deleted with its
+uid as a precondition, so a same-named object made since by someone else survives.  The
+Secret is the exception to reading: the Role may not read Secrets, so it is deleted by the
+uid its creation returned (a precondition that spares any other).  Deleted pods linger while
+they terminate; "gone" is awaited by their uids, and the Lease goes last, in the background
+(its garbage collector takes whatever of the cluster is left).
 """
 
 from __future__ import annotations
@@ -27,14 +31,18 @@ log = logging.getLogger(__name__)
 class ObjectRef:
     """One object a launch creates, by kind and name (in the backend's namespace)."""
 
-    kind: str  # "Pod", "Secret", "Service"
+    kind: str  # "Pod", "Secret", "Service", "Lease"
     name: str
 
 
 def launch_refs(name: str, record: KubeRecord) -> list[ObjectRef]:
-    """Every object the launch the journal describes may have made: its pods, Secret, Service."""
+    """Every object the launch the journal describes may have made: its pods, Secret,
+    Service and Lease (the last, so that it is deleted last)."""
+    if record.leased and not record.lease_uid:
+        return []  # its Lease, the first object, was never made: nothing was
     pods = [ObjectRef("Pod", p) for p in record.pods]
-    return [*pods, ObjectRef("Secret", manifests.secret_name(name)), ObjectRef("Service", name)]
+    lease = [ObjectRef("Lease", name)] if record.lease_uid else []
+    return [*pods, ObjectRef("Secret", manifests.secret_name(name)), ObjectRef("Service", name), *lease]
 
 
 def ownership_selector(name: str, record: KubeRecord) -> str:
@@ -42,13 +50,19 @@ def ownership_selector(name: str, record: KubeRecord) -> str:
     return manifests.selector(name, record.launch) if record.launch else manifests.selector(name)
 
 
-def is_ours(labels: dict[str, str], name: str, record: KubeRecord) -> bool:
-    """Whether an object of these labels was made by the launch the journal describes."""
-    if record.launch:
-        return labels.get(manifests.LABEL_LAUNCH) == record.launch
-    return labels.get(manifests.LABEL_CLUSTER) == name and all(
-        labels.get(k) == v for k, v in manifests.MANAGED_BY.items()
-    )
+def is_ours(meta: Any, name: str, record: KubeRecord) -> bool:
+    """Whether an object of this metadata was made by the launch the journal describes: its
+    label, and (where the launch made a Lease) the Lease as its owner, or that Lease itself."""
+    labels = meta.labels or {}
+    if not record.launch:
+        return labels.get(manifests.LABEL_CLUSTER) == name and all(
+            labels.get(k) == v for k, v in manifests.MANAGED_BY.items()
+        )
+    if labels.get(manifests.LABEL_LAUNCH) != record.launch:
+        return False
+    if not record.lease_uid or meta.uid == record.lease_uid:
+        return True
+    return any(ref.uid == record.lease_uid for ref in meta.owner_references or [])
 
 
 def leftovers(name: str, record: KubeRecord, namespace: str) -> str:
@@ -57,10 +71,14 @@ def leftovers(name: str, record: KubeRecord, namespace: str) -> str:
         return "nothing: no object was created"
     ns = record.namespace or namespace
     objects = [f"pod/{p}" for p in record.pods] + [f"secret/{manifests.secret_name(name)}", f"service/{name}"]
+    kinds = "pod,secret,service"
+    if record.lease_uid:
+        objects.insert(0, f"lease/{name}")
+        kinds = "lease," + kinds
     sel = f"{manifests.LABEL_LAUNCH}={record.launch}" if record.launch else manifests.selector(name)
     return (
         f"kube context {record.context!r}, namespace {ns!r}: {' '.join(objects)} "
-        f"(remove them with `kubectl --context {record.context} delete pod,secret,service -n {ns} -l {sel}`)"
+        f"(remove them with `kubectl --context {record.context} delete {kinds} -n {ns} -l {sel}`)"
     )
 
 
@@ -72,6 +90,9 @@ class Ownership:
 
     def _verbs(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
         api = self.client.api()
+        if kind == "Lease":
+            leases = self.client.coordination()
+            return leases.read_namespaced_lease, leases.delete_namespaced_lease
         return {
             "Pod": (api.read_namespaced_pod, api.delete_namespaced_pod),
             "Secret": (api.read_namespaced_secret, api.delete_namespaced_secret),
@@ -79,14 +100,18 @@ class Ownership:
         }[kind]
 
     def uid_if_ours(self, ref: ObjectRef, name: str, record: KubeRecord) -> str | None:
-        """The uid of the object ``ref`` names if it exists and this launch made it."""
+        """The uid of the object ``ref`` names if it exists and this launch made it.  The
+        Secret of a launch that made a Lease is not read (the Role may not): its uid is the one
+        its creation returned, or None (then the Lease's garbage collector takes it)."""
+        if ref.kind == "Secret" and record.leased:
+            return record.secret_uid
         try:
             obj = self._verbs(ref.kind)[0](ref.name, self.client.namespace, _request_timeout=30)
         except kube_client.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        mine = is_ours(obj.metadata.labels or {}, name, record)
+        mine = is_ours(obj.metadata, name, record)
         if not mine:
             log.info("%s %s is not %s's: left alone", ref.kind, ref.name, name)
         return obj.metadata.uid if mine else None
@@ -99,10 +124,11 @@ class Ownership:
     def delete(self, ref: ObjectRef, uid: str, grace_period: int | None = None) -> bool:
         """Delete one object if it is still the one we read (a uid precondition: a same-named
         replacement made since is never hit).  Pods get their own grace period (the spec's
-        ``terminationGracePeriodSeconds``) unless ``grace_period`` is given: 0 is a force
-        delete on a real API server, which only a simulated crash asks for.
-        False when it was gone or replaced already."""
-        options = self.client.delete_options(uid, grace_period)
+        ``terminationGracePeriodSeconds``) unless ``grace_period`` is given (0 would be a force
+        delete: the object goes while its container runs on).  The Lease goes in the background:
+        its garbage collector takes what it still owns.  False when it was gone or replaced."""
+        propagation = "Background" if ref.kind == "Lease" else None
+        options = self.client.delete_options(uid, grace_period, propagation)
         try:
             self._verbs(ref.kind)[1](ref.name, self.client.namespace, body=options, _request_timeout=30)
         except kube_client.ApiException as exc:
@@ -111,13 +137,17 @@ class Ownership:
             raise
         return True
 
-    def delete_owned(self, owned: list[tuple[ObjectRef, str]]) -> dict[str, str]:
-        """Delete each of ``owned``, pods first; the pods whose deletion was accepted (name to uid)."""
+    def remove(self, name: str, record: KubeRecord, owned: list[tuple[ObjectRef, str]]) -> None:
+        """Delete each of ``owned``: the pods, then the Secret and Service, then, once the pods
+        are gone, the Lease (a removal cut short leaves it, and its cluster reapable)."""
         pods = {r.name: uid for r, uid in owned if r.kind == "Pod" and self.delete(r, uid)}
         for ref, uid in owned:
-            if ref.kind != "Pod":
+            if ref.kind in ("Secret", "Service"):
                 self.delete(ref, uid)
-        return pods
+        self.wait_gone(pods, ownership_selector(name, record))
+        for ref, uid in owned:
+            if ref.kind == "Lease":
+                self.delete(ref, uid)
 
     def wait_gone(self, pods: dict[str, str], sel: str, timeout: float = 120) -> list[str]:
         """Deleted pods linger while they terminate: "down" means gone, so list the pods of
@@ -150,10 +180,3 @@ class Ownership:
                 del pods[obj.metadata.name]
                 if not pods:
                     w.stop()
-
-    def cluster_names(self) -> list[str]:
-        """Cluster names that have pods here (the reaper compares them with its records)."""
-        pods = self.client.api().list_namespaced_pod(
-            self.client.namespace, label_selector="app.kubernetes.io/managed-by=pytest-sky"
-        )
-        return sorted({p.metadata.labels.get(manifests.LABEL_CLUSTER, "") for p in pods.items} - {""})

@@ -26,15 +26,20 @@ from pytest_sky.ssh.kube_proxy import RBAC_ROLE_FILE
 CREATE_CHECK_SINCE = (1, 35)
 
 
+#: The API group of Leases, the clusters' owners (``kube_lease``).
+COORDINATION = "coordination.k8s.io"
+
+
 @dataclass(frozen=True)
 class Permission:
-    """One verb on one resource (``pods/exec`` for a subresource) in the core API group."""
+    """One verb on one resource (``pods/exec`` for a subresource) of one API group ("": core)."""
 
     verb: str
     resource: str
+    group: str = ""
 
     def __str__(self) -> str:
-        return f"{self.verb} {self.resource}"
+        return f"{self.verb} {self.resource}" + (f".{self.group}" if self.group else "")
 
 
 @dataclass(frozen=True)
@@ -53,16 +58,20 @@ class Rule:
         sub = wanted.resource.partition("/")[2]
         return (
             ("*" in self.verbs or wanted.verb in self.verbs)
-            and ("*" in self.api_groups or "" in self.api_groups)
+            and ("*" in self.api_groups or wanted.group in self.api_groups)
             and any(r in ("*", wanted.resource) or (sub and r == f"*/{sub}") for r in self.resources)
             and not self.resource_names
         )
 
 
 def needed(server_version: tuple[int, int] | None, *, shared_claim: bool) -> list[Permission]:
-    """Every verb a launch, its runs and its teardown use (a version not known: the newer rules)."""
+    """Every verb a launch, its runs, its teardown and the reaping of stale clusters use (a
+    version not known: the newer rules).  Never a read of Secrets: the cluster's own is
+    deleted by the uid its creation returned."""
     wanted = [Permission(v, "pods") for v in ("create", "get", "list", "watch", "delete")]
-    wanted += [Permission(v, r) for r in ("secrets", "services") for v in ("create", "get", "delete")]
+    wanted += [Permission(v, "secrets") for v in ("create", "delete")]
+    wanted += [Permission(v, "services") for v in ("create", "get", "delete")]
+    wanted += [Permission(v, "leases", COORDINATION) for v in ("create", "get", "list", "update", "patch", "delete")]
     websocket_verbs = ("get", "create") if (server_version or CREATE_CHECK_SINCE) >= CREATE_CHECK_SINCE else ("get",)
     wanted += [Permission(v, r) for r in ("pods/exec", "pods/portforward") for v in websocket_verbs]
     wanted += [Permission("get", "pods/log"), Permission("list", "events")]

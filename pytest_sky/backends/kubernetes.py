@@ -19,15 +19,16 @@ import dataclasses
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pytest_sky import naming
-from pytest_sky.backends import kube_client, kube_files, kube_policy, kube_preflight
+from pytest_sky.backends import kube_client, kube_files, kube_lease, kube_preflight, kube_reaping
 from pytest_sky.backends import kube_manifests as manifests
-from pytest_sky.backends.base import Backend, HomeFiles, NetworkFaults, ProvisionConfig
+from pytest_sky.backends.base import Backend, ClusterHold, HomeFiles, NetworkFaults, ProvisionConfig
 from pytest_sky.backends.kube_client import KubeClient
-from pytest_sky.backends.kube_errors import Refusal, api_message, creation_refused, policy_line, unreachable
+from pytest_sky.backends.kube_errors import Refusal, api_message, policy_line, unreachable
 from pytest_sky.backends.kube_journal import KubeRecord
+from pytest_sky.backends.kube_objects import Creator, ObjectSettings
 from pytest_sky.backends.kube_ownership import ObjectRef, Ownership, leftovers, ownership_selector
 from pytest_sky.backends.kube_waiting import READY_TIMEOUT, PodWaiter
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
@@ -41,8 +42,13 @@ if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = ["READY_TIMEOUT", "KubernetesBackend", "ObjectRef"]
+
+#: How long ``kill_node`` waits for the pod's kubelet to have stopped its container: the pods'
+#: grace period (5 s) and the kubelet's reaction, many times over.
+KILL_TIMEOUT = 60.0
 
 
 class KubernetesBackend(Backend):
@@ -60,13 +66,22 @@ class KubernetesBackend(Backend):
         ready_timeout: float = READY_TIMEOUT,
         shared_pvc: str | None = None,
         gpu_label: str | None = None,
+        lease_seconds: float | None = None,
+        max_lifetime: float | None = None,
     ) -> None:
         self.client = KubeClient(context, namespace, kubeconfig)
         self.image = image or manifests.DEFAULT_IMAGE
         self.shared_pvc = shared_pvc or None
-        self.gpu_label = gpu_label or None
         self.waiter = PodWaiter(self.client, ready_timeout, self.image)
         self.ownership = Ownership(self.client)
+        settings = ObjectSettings(
+            self.image,
+            self.shared_pvc,
+            gpu_label or None,
+            lease_seconds or kube_lease.DEFAULT_LEASE_SECONDS,
+            max_lifetime,
+        )
+        self.creator = Creator(self.client, self.waiter, settings)
         self._gpus_unseen = ""
 
     # -- connection ------------------------------------------------------------------------
@@ -138,13 +153,14 @@ class KubernetesBackend(Backend):
             kubeconfig=self.kubeconfig,
             image=self.image,
             launch=secrets.token_hex(8),
+            leased=True,
             pods=tuple(pods),
             shared_dir=config.shared_dir,
             forwarder=Handle(kube_forwarder.socket_path()),
         )
         record.save(config.journal)
         try:
-            self._create_objects(config, record)
+            record = self.creator.create(config, record)
             ips = self.waiter.wait_running(manifests.selector(name, record.launch), pods)
             self.waiter.wait_banners(pods)
             self._start_forwarder(config, record)
@@ -174,77 +190,6 @@ class KubernetesBackend(Backend):
         except kube_forwarder.ForwarderError as exc:
             raise ProvisionError(f"the forwarder of {config.name}'s ssh connections did not start: {exc}") from None
         dataclasses.replace(KubeRecord.load(config.journal), forwarder=handle).save(config.journal)
-
-    def _create_objects(self, config: ProvisionConfig, record: KubeRecord) -> None:
-        """The Secret, the headless Service and the pods, each labelled with the launch; a
-        refusal is one line naming the object refused (``kube_errors.creation_refused``)."""
-        api, name, ns, launch = self.client.api(), config.name, self.namespace, record.launch or ""
-        files = kube_files.secret_files(config)
-        shared = manifests.SharedVolume(self.shared_pvc, config.shared_dir) if config.shared_dir else None  # type: ignore[arg-type]
-        placement = manifests.Placement(gpu=self._gpu_selector(config.resources))
-        ref = ObjectRef("Secret", manifests.secret_name(name))
-        try:
-            api.create_namespaced_secret(ns, manifests.secret(name, ns, files, launch=launch))
-            ref = ObjectRef("Service", name)
-            api.create_namespaced_service(ns, manifests.service(name, ns, launch=launch))
-            specs: list[dict] = []
-            for rank in range(config.num_nodes):
-                ref = ObjectRef("Pod", manifests.pod_name(name, rank))
-                placement, spec = self._create_pod(
-                    lambda p, rank=rank: manifests.pod(  # type: ignore[misc]
-                        name,
-                        rank,
-                        ns,
-                        self.image,
-                        config.resources,
-                        shared,
-                        secret_keys=files,
-                        placement=p,
-                        launch=launch,
-                        asked=config.privileges,
-                    ),
-                    placement,
-                )
-                specs.append(spec)
-            # What restart_node sends again, as it was accepted.
-            dataclasses.replace(record, pod_specs=tuple(specs)).save(config.journal)
-        except kube_client.ApiException as exc:
-            raise creation_refused(exc, ref, ns, self.context, config.privileges) from None
-
-    def _create_pod(
-        self, make: Callable[[manifests.Placement], dict], placement: manifests.Placement
-    ) -> tuple[manifests.Placement, dict]:
-        """Create the pod ``make`` builds; where the namespace refuses pods without limits, send
-        it again with them (and every later pod at once).  The placement the next pod should
-        use, and the pod as the API server accepted it.
-
-        Learnt from the refusal rather than by reading the namespace's ResourceQuotas and
-        LimitRanges: that needs no Role verbs beyond creating pods, costs one request only
-        where limits are demanded, and follows what admission actually enforces (a
-        LimitRange default that fills limits in makes them unnecessary).
-        """
-        spec = make(placement)
-        try:
-            self.client.api().create_namespaced_pod(self.namespace, spec)
-            return placement, spec
-        except kube_client.ApiException as exc:
-            if placement.with_limits or not Refusal.of(exc).needs_limits:
-                raise
-        log.info("namespace %s demands limits: sending them equal to the requests", self.namespace)
-        placement = dataclasses.replace(placement, with_limits=True)
-        spec = make(placement)
-        self.client.api().create_namespaced_pod(self.namespace, spec)
-        return placement, spec
-
-    def _gpu_selector(self, resources: Resources) -> kube_policy.GpuSelector | None:
-        """The node label that keeps the pods on the GPU type asked for, from the nodes' own
-        labels where the context may list nodes (a namespaced Role may not: then by convention)."""
-        gpu = None
-        if resources.accelerators is not None:
-            nodes = kube_preflight.node_labels(self.client)
-            gpu = kube_policy.gpu_selector(resources.accelerators.name, nodes, self.gpu_label)
-        self.waiter.gpu = gpu
-        return gpu
 
     def _node_info(self, cluster: str, rank: int, ip: str, forwarder: Handle | None) -> NodeInfo:
         """The head is reached by port-forward (through the cluster's forwarder, where the
@@ -283,15 +228,18 @@ class KubernetesBackend(Backend):
             log.warning("cleanup of %s after a failed launch: %s", name, exc)
 
     def destroy(self, name: str, journal: Journal) -> None:
-        """Delete the launch's own objects, each by name, and wait until its pods are gone.
+        """Delete the launch's own objects, each by name, and wait until its pods are gone;
+        the Lease goes last (``Ownership.remove``).
 
-        Ours means labelled ``pytest-sky/launch=<the journal's id>``; a journal from before
-        launch ids (none in it) falls back to the objects named as ours that carry the cluster
-        label and ``managed-by: pytest-sky``.  No journal entry of pods: nothing was created.
+        Ours means labelled ``pytest-sky/launch=<the journal's id>`` and owned by the launch's
+        Lease; a journal from before launch ids (none in it) falls back to the objects named
+        as ours that carry the cluster label and ``managed-by: pytest-sky``.  No journal entry
+        of pods: nothing was created.
         """
         from urllib3.exceptions import HTTPError
 
         record = KubeRecord.load(journal)
+        self.creator.stop_renewing(name)
         if record.forwarder is not None:
             kube_forwarder.stop(record.forwarder)
         if not record.pods:
@@ -303,10 +251,31 @@ class KubernetesBackend(Backend):
             head = ObjectRef("Pod", manifests.pod_name(name, 0))
             if record.shared_dir and any(ref == head for ref, _ in owned):
                 kube_files.empty_shared_dir(self.client, head.name, record.shared_dir)
-            pods = self.ownership.delete_owned(owned)
-            self.ownership.wait_gone(pods, ownership_selector(name, record))
+            self.ownership.remove(name, record, owned)
         except kube_client.ApiException as exc:
             raise ProvisionError(f"could not delete {name}'s objects: {api_message(exc)}") from None
+        except HTTPError as exc:
+            raise unreachable(exc, self.context, self.client.server) from None
+
+    def reap_stale(self) -> list[str]:
+        """Remove the clusters of this namespace whose owner's lease has expired, never a
+        kept one, never a live one, never an object not ours (``kube_reaping``)."""
+        return self._namespace_call("reap stale clusters", lambda: kube_reaping.reap_stale(self.client, self.ownership))
+
+    def held_clusters(self) -> list[ClusterHold]:
+        """Every cluster of this namespace, as its lease shows it."""
+        views = self._namespace_call("list the leases", lambda: kube_reaping.leases(self.client))
+        where = f"kube context {self.context}, namespace {self.namespace}"
+        return [kube_reaping.hold_of(view, where) for view in views]
+
+    def _namespace_call(self, what: str, call: Callable[[], T]) -> T:
+        """``call``, its refusal one line saying what could not be done in which namespace."""
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return call()
+        except kube_client.ApiException as exc:
+            raise ProvisionError(f"could not {what} in namespace {self.namespace!r}: {api_message(exc)}") from None
         except HTTPError as exc:
             raise unreachable(exc, self.context, self.client.server) from None
 
@@ -333,27 +302,47 @@ class KubernetesBackend(Backend):
         """Where this cluster's objects may still be, for a record forgotten without them."""
         return leftovers(name, KubeRecord.load(journal), self.namespace)
 
-    def orphans(self) -> list[str]:
-        """Cluster names that have pods here (the reaper compares them with its records)."""
-        return self.ownership.cluster_names()
-
     # -- faults: what a pod cannot do, said plainly ----------------------------------------
 
     def kill_node(self, name: str, journal: Journal, rank: int) -> None:
-        """Delete the node's pod with no grace period, as a crashed machine: its container is
-        killed, not stopped; returns once the API server no longer has the pod.  Only our own
-        pod, by uid, as teardown deletes (a same-named pod of someone else's is left alone)."""
+        """Crash the node's pod and have Kubernetes remove it; returns once its container has
+        stopped (DESIGN.md section 6, "Faults").
+
+        Every process of the container but its first is SIGKILLed at once, by an exec of
+        ``kill -KILL -1`` (a crash: no handler runs); then the pod is deleted with its grace
+        period, and awaited until its object is gone.  A real API server removes a pod
+        deleted gracefully only once its kubelet reports its containers stopped (a forced
+        delete removes the object at once and leaves the container to the kubelet's own
+        schedule), so that DELETED event is the one signal a client sees that nothing of the
+        old pod runs any more.  Only our own pod, by uid, as teardown deletes."""
         record = self._adopt(journal)
         ref = ObjectRef("Pod", manifests.pod_name(name, rank))
         try:
             uid = self.ownership.uid_if_ours(ref, name, record)
             if uid is None:
                 return  # gone already, or never ours
-            self.ownership.delete(ref, uid, grace_period=0)
-            if self.ownership.wait_gone({ref.name: uid}, ownership_selector(name, record), timeout=60):
-                raise ProvisionError(f"pod {ref.name} was still there 60 s after its deletion")
+            self._crash(ref.name)
+            self.ownership.delete(ref, uid)
+            if self.ownership.wait_gone({ref.name: uid}, ownership_selector(name, record), timeout=KILL_TIMEOUT):
+                raise ProvisionError(
+                    f"pod {ref.name} was still terminating {KILL_TIMEOUT:.0f} s after its deletion: its kubelet "
+                    f"has not stopped its container (is its node down? kubectl describe pod {ref.name} -n "
+                    f"{self.namespace})"
+                )
         except kube_client.ApiException as exc:
             raise ProvisionError(f"could not delete pod {ref.name}: {api_message(exc)}") from None
+
+    def _crash(self, pod: str) -> None:
+        """SIGKILL every process of ``pod``'s container that its first process is not (which no
+        process of its PID namespace may signal), as a crash kills them: at once, no handler.
+        Best effort: a pod whose container has already stopped answers no exec."""
+        try:
+            code, out = self.client.exec(pod, ["/bin/sh", "-c", "kill -KILL -1"], timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the deletion that follows stops it anyway
+            log.info("could not crash pod %s before deleting it: %s", pod, exc)
+            return
+        if code != 0:
+            log.info("crashing pod %s: kill exited %s: %s", pod, code, out.strip()[:200])
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
         """Recreate the node's pod (a running one is deleted first) from the very manifest the

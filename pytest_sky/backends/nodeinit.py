@@ -43,11 +43,13 @@ from collections.abc import Callable
 try:
     from pytest_sky.backends import confine, netlink
     from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage
+    from pytest_sky.backends.rootpath import within
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import confine  # type: ignore[import-not-found,no-redef]
     import netlink  # type: ignore[import-not-found,no-redef]
     from nodeinit_protocol import Launch, NodePlan, Report, Stage  # type: ignore[import-not-found,no-redef]
+    from rootpath import within  # type: ignore[import-not-found,no-redef]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -94,10 +96,15 @@ def bind(source: str, target: str, *, readonly: bool = False, recursive: bool = 
     host's mount allows."""
     mount(source, target, None, MS_BIND | (MS_REC if recursive else 0))
     if readonly:
-        st = os.statvfs(target)
-        kept = st.f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
-        kept |= MS_RELATIME if st.f_flag & ST_RELATIME else 0
-        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+        remount_readonly(target)
+
+
+def remount_readonly(target: str) -> None:
+    """Make the mount at ``target`` read-only, keeping its other per-mount flags."""
+    st = os.statvfs(target)
+    kept = st.f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    kept |= MS_RELATIME if st.f_flag & ST_RELATIME else 0
+    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
 def _overlay(layers: str, index: int | str, lower: str, target: str) -> None:
@@ -341,12 +348,14 @@ def _mounts(plan: NodePlan) -> None:
     _resolver(plan, root)
     for source, target in plan.extra_mounts:
         # Never create directories on the host's disk: only in /run or in a private root.
+        where = within(root, target) if root else target
         if root or target.startswith("/run/"):
-            os.makedirs(root + target, exist_ok=True)
-        bind(source, root + target, readonly=True)
+            os.makedirs(where, exist_ok=True)
+        bind(source, where, readonly=True)
     for source, target in plan.shared_mounts if root else []:
-        os.makedirs(root + target, exist_ok=True)
-        bind(source, root + target)
+        where = within(root, target)
+        os.makedirs(where, exist_ok=True)
+        bind(source, where)
 
 
 def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket.socket) -> None:
@@ -408,6 +417,18 @@ def _pivot(root: str) -> None:
     os.rmdir("/.psky-old")
 
 
+def _readonly_root(plan: NodePlan) -> None:
+    """A read-only root filesystem (readOnlyRootFilesystem): ``/`` and what a container's
+    image would hold there (``/run``, the home, the node's directory, the /etc files a
+    kubelet writes, which a runtime then mounts read-only too); volumes, ``/dev``, ``/proc``
+    and ``/sys`` stay as they are."""
+    remount_readonly("/")
+    for path in ("/run", plan.node_home, plan.root, "/etc/passwd", "/etc/hosts", "/etc/resolv.conf"):
+        if path:
+            with contextlib.suppress(OSError):  # not a mount of its own here: read-only with /
+                remount_readonly(path)
+
+
 def _say(report: Report) -> None:
     os.write(KEEPER_UP, report.encode())  # one write: the keeper and its init share the pipe
 
@@ -429,6 +450,8 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
         _restrict(plan.confinement, root)
     if root:
         _pivot(root)
+        if plan.confinement.readonly_root:
+            _readonly_root(plan)
     _say(Report(Stage.CONFIGURED, index))
     os.close(KEEPER_UP)
     if plan.node_uid >= 0:  # first: a process whose capabilities were cut may not map its uid

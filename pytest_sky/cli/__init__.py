@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from pytest_sky import console
-from pytest_sky.cli import job_report
+from pytest_sky.cli import job_report, stale
 from pytest_sky.cli.commands import (
     EXIT_USAGE,
     cmd_cancel,
@@ -236,7 +236,8 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "status",
         "list clusters (those named, or all)",
         "  pytest-sky status\n  pytest-sky status --json\n  pytest-sky status -r dev   # sky's form\n"
-        "  pytest-sky status --ip dev   # the head's IP only",
+        "  pytest-sky status --ip dev   # the head's IP only\n"
+        "  pytest-sky status --kubernetes   # and the namespace's clusters: holder, age, kept",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="only these clusters")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -244,6 +245,7 @@ def _add_job_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) -
     p.add_argument("-u", "--all-users", action="store_true", help="sky's flag: one user owns the state directory")
     p.add_argument("-v", "--verbose", action="store_true", help="sky's flag: the table is already in full")
     p.add_argument("--ip", action="store_true", help="print the head's IP of the one cluster named, only")
+    stale.add_where_options(p)  # with --kubernetes: also the namespace's clusters, by their leases
     p.set_defaults(func=cmd_status)
 
     p = add("queue", "list a cluster's jobs", "  pytest-sky queue dev")
@@ -337,7 +339,12 @@ def _add_node_commands(add: Callable[[str, str, str], argparse.ArgumentParser]) 
     p.add_argument("--rounds", type=_positive_int, default=10, metavar="R")
     p.set_defaults(func=cmd_stress_ssh)
 
-    p = add("doctor", "list anything of pytest-sky left on this machine", "  pytest-sky doctor")
+    p = add(
+        "doctor",
+        "list anything of pytest-sky left on this machine (with --kubernetes: and in the namespace)",
+        "  pytest-sky doctor\n  pytest-sky doctor --kubernetes --kube-namespace sky-tests",
+    )
+    stale.add_where_options(p)
     p.set_defaults(func=cmd_doctor)
 
 
@@ -347,22 +354,24 @@ def _add_down_command(add: Callable[[str, str, str], argparse.ArgumentParser]) -
         "down",
         "tear clusters down (also clusters whose owner died)",
         "  pytest-sky down dev\n  pytest-sky down --all\n  pytest-sky down --all --purge   # also unreachable ones\n"
+        "  pytest-sky down --stale --kubernetes   # clusters of runners that vanished, from any machine\n"
         "  pytest-sky down --stale --slurm   # a killed session's allocations, found on the site",
     )
     p.add_argument("names", nargs="*", metavar="NAME")
     p.add_argument("-a", "--all", action="store_true", help="every cluster in the state directory")
     p.add_argument(
-        "--stale",
-        action="store_true",
-        help="clusters whose owner is gone: this state directory's, and what the backend's site still runs for one "
-        "whose state directory is gone too (a Slurm allocation named as ours, by its owner record)",
-    )
-    _add_backend_options(p)
-    p.add_argument(
         "--purge",
         action="store_true",
         help="forget a cluster whose backend cannot be reached (or fails to remove it), saying what may be left",
     )
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="clusters whose owner is gone: this state directory's, and those the backend's site still holds for an "
+        "owner gone anywhere (--kubernetes: the namespace's clusters whose lease expired; --slurm: allocations named "
+        "as ours whose owner record names a dead process of this machine); never a kept or live one",
+    )
+    stale.add_where_options(p)
     _add_yes_option(p)
     p.set_defaults(func=cmd_down)
 

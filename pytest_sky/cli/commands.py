@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, naming
-from pytest_sky.cli import job_report
+from pytest_sky.cli import job_report, stale
 from pytest_sky.errors import CommandFailedError, SkyError
 from pytest_sky.protocol import LIVE, JobStatus
 
@@ -294,19 +294,21 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "node_ips": r.node_ips,
             }
         )
+    holds = stale.held(args) if stale.backend_chosen(args) else None
     if args.json:
-        print(json.dumps(rows, indent=2))
+        shown = rows if holds is None else {"clusters": rows, "held": [stale.as_json(h) for h in holds]}
+        print(json.dumps(shown, indent=2))
         return 0
-    if not rows:
-        if not missing:
-            print("No existing clusters.")
-        return 0
-    headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
-    table = [
-        [str(row[h.lower()]) + (mode if h == "BACKEND" else "") for h in headers]
-        for row, mode in zip(rows, modes, strict=True)
-    ]
-    console.table(headers, table)
+    if not rows and not missing:
+        print("No existing clusters.")
+    if rows:
+        headers = ["NAME", "BACKEND", "RESOURCES", "NODES", "STATUS", "AGE"]
+        table = [
+            [str(row[h.lower()]) + (mode if h == "BACKEND" else "") for h in headers]
+            for row, mode in zip(rows, modes, strict=True)
+        ]
+        console.table(headers, table)
+    stale.print_held(holds or [])
     return 0
 
 
@@ -432,33 +434,17 @@ def cmd_ssh_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _down_stale(args: argparse.Namespace, store) -> int:
-    """What no live process owns: this state directory's clusters whose owner died, then what
-    the chosen backend's site runs for an owner that is gone (``Backend.reap_stale``)."""
-    from pytest_sky import settings
-    from pytest_sky.backends import get_backend
-    from pytest_sky.lifecycle import reap
-
-    if args.names or args.all:
-        raise UsageError("--stale finds the clusters itself: name none, and leave out --all")
-    chosen = settings.resolve(**{o.name: getattr(args, o.dest) or None for o in settings.OPTIONS if o.on_cli})
-    gone = reap(store) + get_backend(chosen.backend, **chosen.backend_options()).reap_stale()
-    for what in gone:
-        print(f"{what}: down (its owner is gone)")
-    if not gone:
-        print("no stale clusters")
-    return 0
-
-
 def cmd_down(args: argparse.Namespace) -> int:
     """Every named cluster is tried; one that cannot be torn down (its backend unreachable)
     does not stop the others, and the error says ``--purge`` forgets it."""
     from pytest_sky.lifecycle import teardown
     from pytest_sky.state import StateStore
 
-    store = StateStore()
     if args.stale:
-        return _down_stale(args, store)
+        if args.names or args.all:
+            raise UsageError("--stale chooses the clusters itself: name none, and pass no --all")
+        return stale.down_stale(args)
+    store = StateStore()
     names = [r.name for r in store.records()] if args.all else args.names
     if not names and not args.all:
         raise UsageError("name the clusters to tear down, or pass --all (or --stale)")
@@ -589,4 +575,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "`pytest-sky down --all` tears down the clusters of a state directory (PYTEST_SKY_HOME, "
             "default ~/.pytest_sky) and removes what is left of those that lost their record"
         )
-    return 1 if found else 0
+    holds = stale.held(args) if stale.backend_chosen(args) else []
+    stale.print_held(holds)
+    gone = [h.name for h in holds if h.expired]
+    if gone:
+        console.hint(f"stale: {', '.join(gone)}; `pytest-sky down --stale` with the same flags removes them")
+    return 1 if found or gone else 0

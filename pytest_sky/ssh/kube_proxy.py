@@ -1,4 +1,4 @@
-"""A pod's sshd through the API server's port-forward websocket, with the kubernetes client.
+"""A pod's sshd through the API server's port-forward websocket (``kube_stream``).
 
 The streams (:class:`Forward`) that the client's own connection opens in its process and the
 cluster's forwarder (``kube_forwarder``) opens for each ssh connection; and, as
@@ -14,17 +14,12 @@ backend: a refused websocket (exec, port-forward) arrives as an ``ApiException``
 0 and the handshake's status line, headers and ``Status`` body in its reason, and an RBAC
 403 names the verb and resource that were missing (:func:`rbac_line` says how to grant it).
 
-Every new proxy loads the kubeconfig again, and a user whose credential comes from an exec
-plugin (``aws eks get-token``, ``gke-gcloud-auth-plugin``: about a second each) would run it
-for every connection: :func:`load_kube_config` keeps what the plugin returned, for as long
-as its ``expirationTimestamp`` says, in a 0600 file of the user's state directory.
+Every new proxy loads the kubeconfig again, through ``kube_credentials``, which keeps what an
+exec credential plugin returned for as long as it lasts.
 """
 
 from __future__ import annotations
 
-import datetime
-import functools
-import hashlib
 import json
 import os
 import re
@@ -32,14 +27,11 @@ import select
 import shlex
 import socket
 import sys
-import threading
-from pathlib import Path
 from typing import Any
 
 from pytest_sky.cluster_info import PortForward
 from pytest_sky.errors import RunError
-from pytest_sky.settings import state_home
-from pytest_sky.ssh import kube_dial
+from pytest_sky.ssh import kube_credentials, kube_dial, kube_stream
 
 BANNER_TIMEOUT = kube_dial.BANNER_TIMEOUT
 #: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
@@ -91,143 +83,34 @@ def describe_refusal(exc: BaseException) -> str:
     return rbac_line(message) or message
 
 
-#: A cached credential this close to its expiry is fetched again (clock skew, slow connects).
-EXPIRY_MARGIN = 60.0
-_exec_lock = threading.Lock()
-
-
-class _CachedCredential:
-    """What an exec credential plugin returned (its ExecCredential ``status``), kept in
-    ``<state>/kube-credentials/<hash>.json`` (0600) until ``expirationTimestamp``.  The hash
-    covers the kubeconfig path, the context and the plugin's own configuration, so another
-    context, or an edited plugin entry, never gets this credential.  A plugin that gives no
-    expiry is run every time, as the kubernetes client does across processes."""
-
-    def __init__(self, kubeconfig: str, context: str | None) -> None:
-        self.kubeconfig = os.path.abspath(kubeconfig)
-        self.context = context or ""
-
-    def path(self, exec_config: Any) -> Path:
-        plugin = json.dumps(getattr(exec_config, "value", exec_config), sort_keys=True, default=str)
-        digest = hashlib.sha256("\0".join((self.kubeconfig, self.context, plugin)).encode()).hexdigest()[:24]
-        return state_home() / "kube-credentials" / f"{digest}.json"
-
-    def read(self, path: Path) -> dict | None:
-        try:
-            status = json.loads(path.read_text())
-            expiry = datetime.datetime.fromisoformat(status["expirationTimestamp"].replace("Z", "+00:00"))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-        left = (expiry - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
-        return status if left > EXPIRY_MARGIN else None
-
-    def write(self, path: Path, status: dict) -> None:
-        if not isinstance(status.get("expirationTimestamp"), str):
-            return
-        path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state home
-        path.parent.mkdir(exist_ok=True, mode=0o700)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(status, fh)
-        os.replace(tmp, path)
-
-    def provider(self, real: Any) -> Any:
-        """An ExecProvider that answers from the cache, running ``real`` only when it must."""
-        cache = self
-
-        class Cached:
-            def __init__(self, exec_config: Any, cwd: Any, cluster: Any = None) -> None:
-                self.args = (exec_config, cwd, cluster)
-                self.path = cache.path(exec_config)
-
-            def run(self, previous_response: Any = None) -> dict:
-                status = cache.read(self.path)
-                if status is None:
-                    status = real(*self.args).run(previous_response)
-                    cache.write(self.path, status)
-                return status
-
-        return Cached
-
-
-def load_kube_config(cfg: Any, kubeconfig: str | None, context: str | None) -> None:
-    """``kubernetes.config.load_kube_config`` into ``cfg``, with exec plugins' credentials
-    reused from the cache for their lifetime (see :class:`_CachedCredential`)."""
-    from kubernetes import config
-    from kubernetes.config import kube_config
-
-    from pytest_sky import state
-
-    path = (kubeconfig or os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION)).split(os.pathsep)[0]
-    with _exec_lock:  # the loader calls the module's ExecProvider: ours while this one loads
-        real = kube_config.ExecProvider
-        kube_config.ExecProvider = _CachedCredential(path, context).provider(real)
-        try:
-            config.load_kube_config(
-                config_file=kubeconfig,
-                context=context,
-                client_configuration=cfg,
-                temp_file_path=str(state.process_files()),  # inline certificates: never left in /tmp
-            )
-        finally:
-            kube_config.ExecProvider = real
-
-
-@functools.cache
-def _sturdy_port_forward() -> type:
-    """The client's ``PortForward`` with a relay that ends as a close does on an error too;
-    made once, on first use (the kubernetes client is imported only then)."""
-    from kubernetes.stream import ws_client
-    from websocket import WebSocketException
-
-    class SturdyPortForward(ws_client.PortForward):
-        def _proxy(self) -> None:
-            try:
-                super()._proxy()
-            except (OSError, WebSocketException):
-                self.websocket.shutdown()
-                for local in self.local_ports.values():
-                    local.python.close()
-
-    return SturdyPortForward
-
-
-def open_forward(cfg: Any, namespace: str, pod: str, port: int = 22) -> Any:
-    """The client's ``portforward`` to ``pod``'s ``port``, whose relay thread survives a reset
-    connection, opened with the cluster's ``Configuration`` (``cfg``) alone.
-
-    The client's own relay (``ws_client.PortForward._proxy``) handles a websocket that closes,
-    but a connection the API server or a load balancer resets raises ``ConnectionResetError``
-    out of its thread: a traceback on the user's terminal and, under pytest, a test failed
-    for an unhandled thread exception.  Ours ends the way a close does: the local socket
-    reads end-of-file, which ssh reports as a closed connection.
-
-    The request is the one ``CoreV1Api.connect_get_namespaced_pod_portforward`` sends (the
-    subresource's path, ``ports``, the configuration's credentials) without that class:
-    importing it builds every typed model and method of the core API, 1.1 of the 1.7
-    CPU-seconds a forwarder took to start on a day this machine ran ~2.5x slower, paid once
-    per Kubernetes cluster."""
-    from urllib.parse import quote
-
+def open_forward(cfg: Any, namespace: str, pod: str, port: int = 22) -> kube_stream.PortStream:
+    """``pod``'s ``port`` through its port-forward websocket (``kube_stream``), opened with the
+    cluster's ``Configuration`` (``cfg``) alone; a refused handshake raises as the client's own
+    call reports one (``ApiException`` with status 0 and the handshake's answer)."""
     from kubernetes.client.rest import ApiException
-    from kubernetes.stream import ws_client
 
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/portforward"
-    url = ws_client.get_websocket_url(f"{cfg.host}{path}?ports={port}")
-    headers = {a["key"]: a["value"] for a in cfg.auth_settings().values() if a["in"] == "header" and a["value"]}
     try:
-        websocket = ws_client.create_websocket(cfg, url, headers)
-        return _sturdy_port_forward()(websocket, [port])
+        return kube_stream.PortStream(cfg, namespace, pod, port)
     except Exception as exc:  # as the client's own call reports a refused handshake
-        raise ApiException(status=0, reason=str(exc)) from exc
+        raise ApiException(status=0, reason=_handshake_reason(exc)) from exc
+
+
+def _handshake_reason(exc: BaseException) -> str:
+    """websocket-client's refusal as the client's own websocket call words it: the handshake's
+    status line and the API server's Status body after ``-+-+-``."""
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "resp_body", None)
+    if status is None:
+        return str(exc)
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    return f"Handshake status {status} {exc} -+-+- {text}"
 
 
 def read_banner(cfg: Any, namespace: str, pod: str, port: int = 22, timeout: float = BANNER_TIMEOUT) -> bytes:
     """Open a forward, see the banner, close it: the readiness probe of a pod's sshd."""
     pf = open_forward(cfg, namespace, pod, port)
     try:
-        return peek_banner(pf.socket(port), timeout, f"{pod}:{port}")
+        return peek_banner(pf.socket, timeout, f"{pod}:{port}")
     finally:
         pf.close()
 
@@ -255,19 +138,19 @@ class Forward:
         """``cfg``: the kubernetes client's configuration to open it with (none: the route's)."""
         self.route = route
         self._pf = open_forward(cfg or configuration(route), route.namespace, route.pod, route.port)
-        self.socket = _ClosesGently(self._pf.socket(route.port))
+        self.socket = _ClosesGently(self._pf.socket)
 
     def error(self) -> str | None:
         """What the API server said when the forward failed, if it said anything."""
-        return self._pf.error(self.route.port)
+        return self._pf.error()
 
     def close(self) -> None:
         self._pf.close()
 
     def hand_over(self) -> int:
         """The stream's descriptor, for another process to use: this object no longer closes
-        it (the client's relay thread ends once every copy of it is closed)."""
-        return self._pf.socket(self.route.port).detach()
+        it (the relay thread ends once every copy of it is closed)."""
+        return self._pf.socket.detach()
 
 
 def configuration(route: PortForward) -> Any:
@@ -277,7 +160,7 @@ def configuration(route: PortForward) -> Any:
 
     cfg = client.Configuration()
     if route.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        load_kube_config(cfg, route.kubeconfig, route.context)
+        kube_credentials.load_kube_config(cfg, route.kubeconfig, route.context)
     else:
         config.load_incluster_config(client_configuration=cfg)
     return cfg
