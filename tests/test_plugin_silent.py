@@ -34,7 +34,8 @@ NOT_IMPORTED = (
 
 #: The inner project: a plain test, and a conftest that writes down every signal handler as
 #: each process has it during the test and after the session (``pytest_unconfigure`` comes
-#: after every ``pytest_sessionfinish``).
+#: after every ``pytest_sessionfinish``).  The test's record names no worker: xdist sends the
+#: one test to either, and the two runs compared may pick differently.
 CONFTEST = """
 import json, os, signal
 
@@ -56,7 +57,7 @@ import json, os
 from conftest import handlers
 
 def test_plain():
-    tag = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    tag = "worker" if "PYTEST_XDIST_WORKER" in os.environ else "main"  # whichever worker xdist picks
     with open(os.path.join(os.environ["SKY_TEST_OUT"], f"{os.environ['RUN']}-{tag}-test.json"), "w") as f:
         json.dump(handlers(), f)
 """
