@@ -149,8 +149,16 @@ def test_a_forked_child_dumps_into_a_memfd_of_its_own(site_dir: Path, tmp_path: 
     token = _token()
     parent = _start(started, tmp_path, _env(site_dir, token), script)
     deadline = time.monotonic() + 30
+
+    def child_asleep(snap: dict) -> bool:
+        """The parent says "ready" once it forked, not once the child reached its sleep: until
+        then the child's dump shows the fork's return or its at-fork hook."""
+        dumps = [p["dump"] for p in snap["processes"] if p["pid"] != parent.pid]
+        threads = parse_dump(dumps[0]) if len(dumps) == 1 and dumps[0] is not None else []
+        return bool(threads) and [f.line for f in threads[-1].frames] == [13]
+
     snap = stacks.snapshot(parent.pid, [], NO_SECRETS)[0]
-    while len(snap["processes"]) < 2 and time.monotonic() < deadline:
+    while not child_asleep(snap) and time.monotonic() < deadline:
         snap = stacks.snapshot(parent.pid, [], NO_SECRETS)[0]
     (child,) = [p for p in snap["processes"] if p["pid"] != parent.pid]
     (parent_view,) = [p for p in snap["processes"] if p["pid"] == parent.pid]
