@@ -4,7 +4,7 @@ Used by ``pytest-sky doctor`` and by this repository's own leak check after ever
 Everything we create is recognisable by name: links start with ``psky``, every node's keeper
 (the process outside it that its first process dies with) carries ``psky-node:<node dir>``
 in its command line, and its sshd reads a config
-from a node directory; a rootless cluster's namespace holder carries ``psky-cluster:<cluster dir>``.
+from a node directory; a cluster's namespace holder (and its gateway's dialer) carries ``psky-cluster:<cluster dir>``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def leftovers(store_root: Path | None = None) -> list[str]:
 
     out = [f"link {name}" + (f" (cluster dir {owner})" if owner else "") for name, owner in link_owners().items()]
     out += [f"process {pid}: {cmd}" for pid, cmd in node_processes()]
-    out += [f"process {pid}: a rootless cluster's namespace holder" for pid in netns.holder_processes()]
+    out += [f"process {pid}: a cluster's namespace holder (or its dialer)" for pid in netns.holder_processes()]
     out += [f"cgroup {path}" for path in node_cgroups()]
     for path in stale_control_sockets():
         if path.endswith(FORWARDER_SUFFIX):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -110,9 +110,13 @@ def settings_from(config: pytest.Config) -> Settings:
     ini = {o.ini: str(config.getini(o.ini)) for o in settings.OPTIONS}
     where = config.inipath.name if config.inipath is not None else "the ini file"
     try:
-        return settings.resolve(ini=ini, ini_file=where, **{o.name: config.getoption(o.dest) for o in settings.OPTIONS})
+        resolved = settings.resolve(
+            ini=ini, ini_file=where, **{o.name: config.getoption(o.dest) for o in settings.OPTIONS}
+        )
     except settings.SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
+    # Local nodes see the test's own tree wherever it lives (a rootdir under /tmp, or a home).
+    return resolved if resolved.rootdir else replace(resolved, rootdir=str(config.rootpath))
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -256,6 +256,12 @@ OPTIONS: tuple[Option, ...] = (
         Kind.SECONDS, metavar="SECONDS", unset=f"{DEFAULT_RUN_TIMEOUT:g}", on_cli=False,
     ),
     Option(
+        "rootdir", "--sky-rootdir",
+        "a directory local nodes see, copy-on-write, wherever it lives (as they see pytest's interpreter and "
+        "virtualenv, while no home or scratch directory of the host's): default pytest's rootdir",
+        metavar="DIR", backend="local", keyword="rootdir", unset="(pytest's rootdir)", shown=False, on_cli=False,
+    ),
+    Option(
         "mtu", "--sky-mtu", f"MTU of local cluster links (default {DEFAULT_MTU})", Kind.WHOLE, metavar="MTU",
         backend="local", keyword="mtu", unset=str(DEFAULT_MTU),
     ),
@@ -274,6 +280,7 @@ class Settings:
     artifacts: str | None = None
     artifacts_all: bool = False
     mtu: int | None = None
+    rootdir: str | None = None  # a directory local nodes see wherever it lives (pytest's rootdir)
     kube_timeout: float | None = None  # seconds a launch waits for pods (PYTEST_SKY_KUBE_TIMEOUT)
     kube_shared_pvc: str | None = None  # the ReadWriteMany claim that holds shared_dir on Kubernetes
     #: The node label naming GPU products (None: the first known key the nodes carry, else

@@ -9,11 +9,15 @@ these without importing each other.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from pytest_sky import procs
 from pytest_sky.doctor import link_owners
+from pytest_sky.locks import flocked
 
 
 def our_links(owner: Path | str) -> list[str]:
@@ -40,3 +44,12 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{proc.name}: {cmdline.strip()}")
     return found
+
+
+@contextlib.contextmanager
+def host_settings_lock() -> Iterator[None]:
+    """Held by a test that changes the host's forwarding for a while (as a Docker host has
+    it) and by one that checks nothing of ours changes it: under xdist they would see each
+    other's change."""
+    with flocked(Path(tempfile.gettempdir()) / "pytest-sky-tests-host-settings.lock"):
+        yield

@@ -36,10 +36,16 @@ ROOTLESS = os.geteuid() != 0
 needs_local_backend = pytest.mark.skipif(_PROBLEM is not None, reason=f"local backend unavailable: {_PROBLEM}")
 
 # Inner test files import nothing from this repository: this is pasted at the top of those that
-# report the clusters they got.  `links` is the bridge and the host-side veths of the cluster.
+# report the clusters they got.  `links` is what of the cluster is on the host's links: its link
+# into its namespace (a cluster of an earlier version, without a holder: its bridge and veths).
 RECORDER = """
 import json, os, time
 from pathlib import Path
+
+
+def host_links(journal):
+    links = [journal["bridge"]] + ([] if journal.get("holder") else journal["veths"])
+    return [link for link in links if link]
 
 
 def record(cluster, tag, **extra):
@@ -48,7 +54,7 @@ def record(cluster, tag, **extra):
         "name": cluster.name,
         "num_nodes": cluster.num_nodes,
         "node_ips": cluster.node_ips,
-        "links": [cluster.journal.load()["bridge"], *cluster.journal.load()["veths"]],
+        "links": host_links(cluster.journal.load()),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
         "time": time.time(),
         **extra,

@@ -102,6 +102,9 @@ def test_a_clusters_links_go_in_one_deletion_that_spares_a_foreign_link_in_its_g
 
 
 def test_a_new_bridge_forwards_nothing(tmp_path: Path) -> None:
+    """A bridge on the host (the emulator's; a local cluster's is in a namespace of its own,
+    whose link to the host forwards nothing either: ``tests/test_node_network.py``) routes
+    nothing that arrives on it, whatever the host's ``ip_forward`` says."""
     index = free_indexes(1)
     name = clusterns.bridge_name(index)
     subnet, base = clusterns.subnet_of(index)
@@ -170,6 +173,17 @@ def test_a_run_killed_between_spawning_nodes_and_recording_them_is_reaped(tmp_pa
 
 
 def _local_lease(owner: str) -> int:
+    """A local cluster's lease as its holder takes it, here in this process (root's): the
+    subnet's lease socket (let go at once: the link holds the name), then the host's link
+    into the cluster's namespace, named after the subnet."""
+    uplink = clusterns.Uplink(owner, LocalBackend().mtu, netns.routed_networks(IP))
+    index, lease = clusterns._lease(uplink.claim)
+    lease.close()
+    return index
+
+
+def _bridge_lease(owner: str) -> int:
+    """A bridge's lease on the host (the emulator's pods' network)."""
     return netns.lease_subnet(IP, LocalBackend().mtu, owner)
 
 
@@ -208,10 +222,10 @@ def test_a_subnet_the_host_already_routes_is_never_chosen(
 def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A rootless cluster's holder may lease a subnet at any moment, also between a root
-    leaser's look and its bridge: the root leaser looks for holders' leases once its bridge
-    exists, and on finding one deletes the bridge and takes the next subnet.  The holder's
-    lease is made to appear exactly then."""
+    """A cluster's holder may lease a subnet at any moment, also between a bridge leaser's
+    (the emulator's) look and its bridge: the bridge leaser looks for holders' leases once its
+    bridge exists, and on finding one deletes the bridge and takes the next subnet.  The
+    holder's lease is made to appear exactly then."""
     start = free_indexes(2)
     monkeypatch.setattr(clusterns.random, "randrange", lambda n: start)
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -227,7 +241,7 @@ def test_a_holders_lease_taken_while_a_bridge_is_made_wins_and_the_bridge_goes(
     monkeypatch.setattr(clusterns, "subnet_leased", leased)
     index = None
     try:
-        index = _local_lease(str(tmp_path))
+        index = _bridge_lease(str(tmp_path))
         assert looked[0] == (start, True), looked  # the look came after the bridge was made
         assert index == start + 1 and not netns.link_exists(clusterns.bridge_name(start))
     finally:

@@ -164,3 +164,44 @@ def test_a_missing_section_and_a_pathed_file_are_found(tmp_path: Path) -> None:
 def test_headings_are_read_with_their_letters() -> None:
     doc = "# Title\n\n## 2. Contract\n\n## 2b. Libraries\n\n### 4a. Layers\n\nsection 9 in prose\n"
     assert sections(doc) == ["2", "2b", "4a"]
+
+
+# ------------------------------------------------------------ the tests the documents name
+
+#: ``tests/test_x.py`` or ``tests/test_x.py::test_y``, and in a table's row a bare ``test_y`` in
+#: backticks (the security table names its tests so, under ``tests/test_security.py`` unless
+#: named; prose names SkyPilot's own tests so too).
+NAMED_TEST = re.compile(r"`?(?P<file>tests/test_\w+\.py)(?:::(?P<test>test_\w+))?")
+BARE_TEST = re.compile(r"`(?P<test>test_\w+)`")
+
+
+def named_tests(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(file, test or "") for each test named with its file, and each test named bare."""
+    with_file = [(m["file"], m["test"] or "") for m in NAMED_TEST.finditer(text)]
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return with_file, [m["test"] for row in rows for m in BARE_TEST.finditer(row)]
+
+
+def test_every_test_the_documents_name_exists() -> None:
+    """Each claim names the test that proves it: a claim whose test was renamed or deleted
+    would stand on nothing."""
+    defined = {
+        path.name: set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
+        for path in (ROOT / "tests").glob("test_*.py")
+    }
+    every = set().union(*defined.values())
+    missing = []
+    for doc in ("README.md", "DESIGN.md"):
+        with_file, bare = named_tests((ROOT / doc).read_text(encoding="utf-8"))
+        assert with_file, f"{doc} names no test: the scanner is broken"
+        for file, test in with_file:
+            name = Path(file).name
+            if name not in defined or (test and test not in defined[name]):
+                missing.append(f"{doc}: {file}{'::' + test if test else ''}")
+        missing += [f"{doc}: {test}" for test in bare if test not in every]
+    assert missing == [], "named in the documents, but no such test:\n" + "\n".join(missing)
+
+
+def test_a_test_named_with_its_file_or_bare_is_read() -> None:
+    text = "| x | `tests/test_a.py::test_b`, `test_c`, `tests/test_d.py` |"
+    assert named_tests(text) == ([("tests/test_a.py", "test_b"), ("tests/test_d.py", "")], ["test_c"])

@@ -43,8 +43,11 @@ def by_rank(result: pytest_sky.RunResult) -> list[str]:
 
 
 def gone(record_data: dict, name: str) -> list[str]:
-    """What of cluster ``name`` is still here (nothing, once it is torn down)."""
-    return [*our_links(StateStore().cluster_dir(name)), *map(str, live_nodes(record_data))]
+    """What of cluster ``name`` is still here (nothing, once it is torn down): its link into
+    its namespace, its nodes, its namespace's holder (and the holder's dialer)."""
+    cluster_dir = StateStore().cluster_dir(name)
+    holders = [f"holder {pid}" for pid in netns.holder_processes(str(cluster_dir))]
+    return [*our_links(cluster_dir), *map(str, live_nodes(record_data)), *holders]
 
 
 def test_hostnames_and_hosts_file(cluster3):
@@ -76,18 +79,17 @@ def test_nodes_are_isolated_pid_namespaces(cluster3):
         victim.wait()
 
 
-def test_no_route_out_of_the_cluster(cluster3):
-    # Route lookups only: nothing is sent anywhere.
-    res = cluster3.run(
-        "ip -4 route show | wc -l; ip route get 198.19.255.254 2>&1 | head -n1; ip route get 8.8.8.8 2>&1; true"
-    )
+def test_the_way_out_of_the_cluster_is_its_gateway(cluster3):
+    """A node's routes: its cluster's /24 on its link, and everything else through the
+    cluster's gateway at .1, as a pod's through its node (what the gateway lets through:
+    ``tests/test_node_network.py``).  Route lookups only: nothing is sent anywhere."""
+    res = cluster3.run("ip -4 route show; ip route get 198.19.255.254 2>&1 | head -n1")
     subnet = cluster3.node_ips[0].rsplit(".", 1)[0]
     for out in by_rank(res):
-        lines = out.splitlines()
-        assert lines[0] == "1"  # only the cluster's own /24
-        assert "unreachable" in lines[1].lower() and "unreachable" in lines[2].lower(), out
-    routes = cluster3.run("ip -4 route show").ranks[0].stdout
-    assert routes.startswith(f"{subnet}.0/24 dev eth0") and "quickack 1" in routes
+        default, own, elsewhere = out.splitlines()
+        assert default.startswith(f"default via {subnet}.1 dev eth0"), out
+        assert own.startswith(f"{subnet}.0/24 dev eth0") and "quickack 1" in own, out
+        assert f"via {subnet}.1 dev eth0" in elsewhere, out
 
 
 def test_mtu_is_high_by_default(cluster3):
@@ -166,7 +168,10 @@ def test_single_node_prefix(sky_home: Path):
 def test_teardown_removes_links_processes_and_record(sky_home: Path):
     c = pytest_sky.launch(num_nodes=2, name=f"lbdown-{os.getpid() % 10000}")
     data = c.journal.load()
-    assert gone(data, c.name) == sorted([data["bridge"], *data["veths"]]) + [str(n["pid"]) for n in data["nodes"]]
+    holder = data["holder"]["pid"]
+    left = gone(data, c.name)
+    assert left[:3] == [data["bridge"], *(str(n["pid"]) for n in data["nodes"])]
+    assert f"holder {holder}" in left and len(left) == 5, left  # the holder and its dialer
     c.down()
     assert gone(data, c.name) == []
     assert StateStore().load(c.name) is None

@@ -1,8 +1,11 @@
 """Every node is a machine of its own: a private, copy-on-write root filesystem.
 
 A write anywhere on a node is that node's alone (never another node's, never the host's)
-and goes with the cluster; the host's files are all there, unchanged, and the tools the
-test runs under work on every node.  Each check runs a real cluster of namespace nodes.
+and goes with the cluster; the host's software is all there, unchanged (its users' homes
+and scratch directories are not: ``tests/test_node_view.py``), and the tools the test runs
+under work on every node.  Each check runs a real cluster of namespace nodes, whose rootdir
+(``--sky-rootdir``) is a directory of the module's own under ``/tmp``: the nodes see it,
+copy-on-write, as they see a test's rootdir wherever it lives.
 """
 
 from __future__ import annotations
@@ -28,10 +31,24 @@ def home(module_home: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(home: Path):
-    c = pytest_sky.launch(num_nodes=2, name=f"fs-{os.getpid() % 10000}")
+def rootdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the host's files of these tests live: the nodes' rootdir, under /tmp."""
+    return tmp_path_factory.mktemp("fs-rootdir")
+
+
+@pytest.fixture(scope="module")
+def cluster(home: Path, rootdir: Path):
+    c = pytest_sky.launch(num_nodes=2, name=f"fs-{os.getpid() % 10000}", backend_options={"rootdir": str(rootdir)})
     yield c
     c.down()
+
+
+@pytest.fixture
+def mine(rootdir: Path, request: pytest.FixtureRequest) -> Path:
+    """A directory of the host's for one test, which the nodes see (in their rootdir)."""
+    path = rootdir / request.node.name
+    path.mkdir()
+    return path
 
 
 def probe_wheel(where: Path) -> Path:
@@ -46,11 +63,11 @@ def probe_wheel(where: Path) -> Path:
     return wheel
 
 
-def test_a_write_anywhere_stays_on_its_node(cluster, tmp_path: Path):
-    tag = f"psky-fs-{os.getpid()}-{tmp_path.name}"
+def test_a_write_anywhere_stays_on_its_node(cluster, mine: Path):
+    tag = f"psky-fs-{os.getpid()}-{mine.name}"
     # Anywhere its user may write: root everywhere; a rootless node's user where it owns.
     roots = [] if ROOTLESS else [f"/opt/{tag}", f"/usr/local/{tag}"]
-    places = [f"/tmp/{tag}", f"/var/tmp/{tag}", *roots, f"{VENV_SITE}/{tag}", f"{tmp_path}/{tag}"]
+    places = [f"/tmp/{tag}", f"/var/tmp/{tag}", *roots, f"{VENV_SITE}/{tag}", f"{mine}/{tag}"]
     write = "; ".join(f"echo $SKYPILOT_NODE_RANK > {p}" for p in places)
     res = cluster.run(f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then {write}; fi; cat {" ".join(places)} 2>&1 | wc -l')
     assert res.returncode == 0, res.output
@@ -63,26 +80,27 @@ def test_a_write_anywhere_stays_on_its_node(cluster, tmp_path: Path):
     assert [p for p in places if os.path.exists(p)] == []  # nothing reached the host
 
 
-def test_the_hosts_files_are_there_unchanged_and_its_tools_work(cluster, tmp_path: Path):
-    mine = tmp_path / "host-file"
-    mine.write_text("the host's\n")
+def test_the_hosts_files_are_there_unchanged_and_its_tools_work(cluster, mine: Path):
+    host_file = mine / "host-file"
+    host_file.write_text("the host's\n")
     res = cluster.run(
-        f"cat {mine}; echo changed > {mine}; cat {mine}; python -c 'import torch; print(torch.__version__)'"
+        f"cat {host_file}; echo changed > {host_file}; cat {host_file}; "
+        "python -c 'import torch; print(torch.__version__)'"
     )
     assert res.returncode == 0, res.output
     for rank in res.ranks:
         lines = rank.stdout.splitlines()
         assert lines[:2] == ["the host's", "changed"]
         assert lines[2] == __import__("torch").__version__
-    assert mine.read_text() == "the host's\n"
+    assert host_file.read_text() == "the host's\n"
     # A change the host makes later shows through where the node never wrote.
-    later = tmp_path / "later"
+    later = mine / "later"
     later.write_text("new on the host\n")
     assert {r.stdout for r in cluster.run(f"cat {later}").ranks} == {"new on the host\n"}
 
 
-def test_pip_install_in_setup_is_that_nodes_only(cluster, tmp_path: Path):
-    wheel = probe_wheel(tmp_path)
+def test_pip_install_in_setup_is_that_nodes_only(cluster, mine: Path):
+    wheel = probe_wheel(mine)
     task = Task(
         setup=f'[ "$SKYPILOT_SETUP_NODE_RANK" != 0 ] || python -m pip install -q --no-index --no-deps {wheel}',
         run="python -c 'import psky_probe; print(psky_probe.NODE)' 2>&1 | tail -n1",
@@ -151,14 +169,14 @@ def test_a_bad_shared_directory_is_one_line_before_anything_starts(home: Path, v
     assert not (home / "clusters" / "fs-bad-shared").exists()
 
 
-def test_file_mounts_land_on_every_node_never_on_the_host(cluster, tmp_path: Path):
+def test_file_mounts_land_on_every_node_never_on_the_host(cluster, mine: Path):
     """An absolute target (the case that used to overwrite the host's directory) exists on
     every node, not on the host; a host directory of that name is left as it was; the
     source is not modified."""
-    src = tmp_path / "src"
+    src = mine / "src"
     (src / "sub").mkdir(parents=True)
     (src / "sub" / "data.txt").write_text("payload\n")
-    host_target = tmp_path / "host-target"  # the host has a directory where the mount goes
+    host_target = mine / "host-target"  # the host has a directory where the mount goes
     host_target.mkdir()
     (host_target / "keep.txt").write_text("the host's own\n")
     before = sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*"))

@@ -147,7 +147,7 @@ def test_next_run_reaps_clusters_of_a_killed_run(pytester: pytest.Pytester, sky_
     info = recorded(pytester)["killed"]
     name = info["name"]
     journal = json.loads((sky_home / "clusters" / name / "backend.json").read_text())
-    links = [journal["bridge"], *journal["veths"]]
+    links = [journal["bridge"]]  # its link into its namespace (its nodes' links are there)
     assert sorted(links) == sorted(info["links"])
     # The owner is gone; its cluster is not.
     assert set(links) <= link_names()

@@ -1,11 +1,12 @@
 """Security properties a user relies on without checking: host keys verified on every hop,
-private keys private, sshd key-only, clusters isolated from each other and from the world,
-and task inputs passed without shell injection.
+private keys private, sshd key-only, clusters isolated from each other, and task inputs
+passed without shell injection.  (What a node sees of the host's files and what it reaches:
+``tests/test_node_view.py``, ``tests/test_node_network.py``.)
 
 Two clusters are shared by the module (A: 2 nodes, B: 1 node) under a private
 ``PYTEST_SKY_HOME``; tests that tamper with a file restore it in ``finally``.  Traffic only
 goes to 127.0.0.1 and the clusters' own 198.18.0.0/15 nodes; the checks of addresses outside
-a cluster's subnet are route lookups (``ip route get``), which send nothing.
+198.18.0.0/15 are route lookups (``ip route get``), which send nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest_sky
 from pytest_sky import Task
 from pytest_sky.errors import RunError
 from pytest_sky.ssh.keys import generate
+from tests.leftovers import host_settings_lock
 
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = Path(__file__).resolve()
@@ -398,11 +400,12 @@ def test_a_node_cannot_reach_another_cluster(pair: Pair) -> None:
     assert "Network is unreachable" in res.output, res.output
 
 
-@pytest.mark.parametrize("address", ["203.0.113.1", "198.19.255.254", "8.8.8.8"])
-def test_a_node_has_no_route_out_of_its_subnet(pair: Pair, address: str) -> None:
-    res = pair.a.run(head_only(f"ip route get {address}"), timeout=60)  # a lookup: nothing is sent
-    assert res.returncode != 0, res.output
-    assert "unreachable" in res.output, res.output
+def test_a_node_is_routed_out_only_through_its_clusters_gateway(pair: Pair) -> None:
+    """Everything outside its cluster goes to the gateway at .1, which carries only what may
+    go out (``tests/test_node_network.py``); a route lookup: nothing is sent."""
+    gw = pair.a.node_ips[0].rsplit(".", 1)[0] + ".1"
+    res = pair.a.run(head_only("ip route get 203.0.113.1; ip route get 198.19.255.254"), timeout=60)
+    assert res.returncode == 0 and res.output.count(f"via {gw} dev eth0") == 2, res.output
 
 
 # -------------------------------------------------------------------------- no shell injection
@@ -443,31 +446,30 @@ def test_envs_and_task_name_arrive_literally(pair: Pair) -> None:
 
 
 def test_a_root_task_cannot_route_through_a_forwarding_host_to_another_cluster(tmp_path: Path) -> None:
-    """A task given NET_ADMIN (as a pod can be) may add a default route via its bridge.  On a
-    host that forwards IPv4 (Docker and VPN hosts do), the host would then route it to other
-    clusters and beyond; our bridges refuse to forward, so it reaches nothing outside its
-    cluster.
+    """A task given NET_ADMIN (as a pod can be) may change its routes: to another cluster
+    through the host's end of its cluster's link (.254), or through its gateway.  On a host
+    that forwards IPv4 (Docker and VPN hosts do), the host would route it on; the gateway
+    forwards nothing to the host that the host did not start, and has no route to another
+    cluster, so it reaches nothing outside its cluster.
 
     The host's ``ip_forward`` is set to 1 for this test (before the clusters exist, as on such
     a host) and restored after it."""
     flag = Path("/proc/sys/net/ipv4/ip_forward")
-    before = flag.read_text().strip()
     tag = os.getpid() % 10000
     a = b = None
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, host_settings_lock():
         mp.setenv("PYTEST_SKY_HOME", str(tmp_path / "state"))
+        before = flag.read_text().strip()
         try:
             flag.write_text("1")
             a = pytest_sky.launch(num_nodes=2, name=f"fwda-{tag}", capabilities=("NET_ADMIN",))
             b = pytest_sky.launch(num_nodes=1, name=f"fwdb-{tag}", capabilities=("NET_ADMIN",))
-            gw_a, gw_b = a.node_ips[0].rsplit(".", 1)[0] + ".1", b.node_ips[0].rsplit(".", 1)[0] + ".1"
-            assert b.run(f"ip route add default via {gw_b}").returncode == 0
-            probe = (
-                f"ip route add default via {gw_a} && "
-                f"timeout 3 python3 -c 'import socket; socket.create_connection((\"{b.node_ips[0]}\", 22), 2)'"
-            )
-            res = a.run(head_only(probe), timeout=60)
-            assert res.returncode != 0, f"a node reached another cluster through the host: {res.output}"
+            subnet_a, subnet_b = (c.node_ips[0].rsplit(".", 1)[0] for c in (a, b))
+            connect = f"timeout 5 python3 -c 'import socket; socket.create_connection((\"{b.node_ips[0]}\", 22), 3)'"
+            for via in (f"{subnet_a}.254", f"{subnet_a}.1"):
+                probe = f"ip route replace {subnet_b}.0/24 via {via} && {connect}"
+                res = a.run(head_only(probe), timeout=60)
+                assert res.returncode != 0, f"a node reached another cluster through {via}: {res.output}"
             assert a.run("true").returncode == 0  # its own cluster still works
         finally:
             flag.write_text(before)

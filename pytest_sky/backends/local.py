@@ -1,16 +1,19 @@
 """The local backend: a cluster of namespace nodes on this machine (DESIGN.md section 5).
 
-Each cluster owns one /24 of 198.18.0.0/15 and one bridge named after it (``psky<index>``);
+Each cluster owns one /24 of 198.18.0.0/15 and a network namespace of its own, held by its
+holder (``netns.userns``, ``clusterns.py``), with the cluster's bridge and gateway at ``.1``;
 its nodes are ``<cluster>-head`` at ``.2`` and ``<cluster>-worker<i>`` at ``.2+i``, each a
-``netns`` node running sshd.  Each node's root filesystem is a copy-on-write layer over this
+``netns`` node running sshd.  The host reaches them over its one link into that namespace
+(``psky<index>``); they reach the world through the gateway, as a pod through its NAT, and
+never the host.  Each node's root filesystem is a copy-on-write layer over this
 machine's (``layers/<rank>`` in the cluster's directory), so the nodes run the same Python and
 tools as the test that launched them, while what one writes (``/tmp``, a ``pip install``)
 is its own, as on a real machine: never another node's, never the host's, and gone with
 the cluster.  Each has its own home, and none sees pytest-sky's state directory.
 
-Run by an ordinary user, the same clusters are rootless: each lives in a user namespace of
-the user's, held by its holder (``netns.userns``), its nodes run as the user and are reached
-through the holder's door (DESIGN.md section 5, "Rootless").
+Run by an ordinary user, the same clusters are rootless: the holder's namespace is a user
+namespace's, the nodes run as the user and are reached through the holder's door (DESIGN.md
+section 5, "Rootless").
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 from pytest_sky import console, gpus, naming, procs
-from pytest_sky.backends import clusterns, confine, netns, privileges
+from pytest_sky.backends import clusterns, confine, gateway, netns, privileges
 from pytest_sky.backends.base import Backend, HomeFiles, LinkDegradation, NetworkFaults, ProvisionConfig
 from pytest_sky.backends.local_journal import LocalJournal
 from pytest_sky.cluster_info import ClusterInfo, NodeInfo, SshRoute
@@ -93,6 +96,7 @@ class LocalBackend(Backend):
         node_cgroups: str = "rw",
         private_root: bool = True,
         node_refused_syscalls: list[str] | None = None,
+        rootdir: str | None = None,
     ) -> None:
         self.mtu = int(mtu or DEFAULT_MTU)
         if not 1280 <= self.mtu <= 65535:
@@ -109,6 +113,9 @@ class LocalBackend(Backend):
         #: System calls the nodes' seccomp profile refuses, as an older runtime's refuses
         #: pidfd_open (tests of the agent's fallback for such pods use it).
         self.node_refused_syscalls = _refusable(node_refused_syscalls or [])
+        #: A directory the nodes see wherever it lives, as they see the interpreter pytest runs
+        #: and its virtualenv (the plugin gives pytest's rootdir: ``--sky-rootdir``).
+        self.rootdir = rootdir
         self._nodes: dict[str, list[netns.NodeProcess]] = {}
 
     # -- interface -------------------------------------------------------------------------
@@ -119,10 +126,9 @@ class LocalBackend(Backend):
                 f"num_nodes={num_nodes} is more than the local backend's {MAX_NODES} nodes per cluster"
             )
         gpus.allocate(self.devices(), num_nodes, resources.accelerators)  # refuses what cannot fit
-        rootless = netns.local_mode() is netns.LocalMode.ROOTLESS
+        netns.local_mode()  # says in one line why neither mode can run here
         netns.require_tools()
-        if not rootless:  # a rootless cluster's bridge is in its own namespace, where no rule is
-            netns.check_forward_policy()
+        netns.holder_tools()
 
     def has_gpus(self) -> bool:
         return bool(self.devices())
@@ -150,6 +156,14 @@ class LocalBackend(Backend):
             env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
         return env
 
+    def _seen(self) -> list[str]:
+        """What every node sees wherever it lives (``netns.view``): the interpreter pytest runs
+        (``sys.prefix``, and ``sys.base_prefix``, a pyenv build under ``~/.pyenv`` say), its
+        virtualenv, the ``PYTHONPATH`` every node is given (:meth:`_forward_env`) and the
+        rootdir."""
+        path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        return [p for p in (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV"), *path, self.rootdir) if p]
+
     @property
     def rootless(self) -> bool:
         """This process makes rootless clusters (it is not root: ``netns.local_mode``)."""
@@ -158,15 +172,13 @@ class LocalBackend(Backend):
     def create(self, config: ProvisionConfig) -> ClusterInfo:
         tools = netns.require_tools()
         journal = config.journal
-        holder = None
         if self.rootless:
             _check_rootless(config, self.private_root)
-            holder = netns.start_holder(config.cluster_dir, self.mtu)
-        if holder is not None:  # its subnet is leased by the holder, its links in its namespace
-            index, bridge = holder.index, ""
-        else:
-            index = netns.lease_subnet(tools["ip"], self.mtu, str(config.cluster_dir))
-            bridge = clusterns.bridge_name(index)
+        # Its subnet is leased by the holder, its links in its namespace, but for root's link
+        # from the host (named after the subnet: the bridge the journal names).
+        holder = netns.start_holder(config.cluster_dir, self.mtu, rootless=self.rootless)
+        index = holder.index
+        bridge = "" if holder.rootless else clusterns.bridge_name(index)
         subnet, base = clusterns.subnet_of(index)
         veths = [veth_name(index, r) for r in range(config.num_nodes)]
         state = LocalJournal(index=index, bridge=bridge, veths=veths, holder=holder)
@@ -203,6 +215,7 @@ class LocalBackend(Backend):
             state.nodes = [netns.NodeRecord.of(n) for n in started]
             state.save(journal)
             _wait_ready(started, self.ready_timeout, holder)
+            netns.await_gateway(holder, config.cluster_dir)  # made while the nodes started
             return info
         except BaseException:
             self.destroy(config.name, journal)
@@ -211,7 +224,7 @@ class LocalBackend(Backend):
     @staticmethod
     def _node_info(cluster: str, rank: int, ip: str, shares: list[str], holder: netns.Holder | None) -> NodeInfo:
         route = SshRoute(hostname=ip)
-        if holder is not None:  # reached through its holder's door, as the user who launched it
+        if holder is not None and holder.rootless:  # through its holder's door, as the user who launched it
             proxy = netns.dial_command(holder.door, ip)
             route = SshRoute(hostname=ip, proxy_command=proxy, user=netns.node_user()[0], door=holder.door)
         return NodeInfo(
@@ -243,32 +256,36 @@ class LocalBackend(Backend):
             for rank in range(len(state.nodes)):  # a node another process restarted is stopped too
                 self._node(name, state, rank)
         started = self._nodes.pop(name, None)
-        if state.holder is not None or not netns.holds_root_caps():  # rootless: no link on the host
+        holder = state.holder
+        if holder.rootless if holder is not None else not netns.holds_root_caps():  # no link on the host
             if started is not None:
                 netns.stop_nodes(tools["ip"], started, host_links=False)
             else:
                 netns.reap_nodes(state.nodes, node_dirs=state.node_dirs)
-            netns.stop_holder(state.holder, journal.cluster_dir)
+            netns.stop_holder(holder, journal.cluster_dir)
             return
-        # A launch interrupted between leasing its bridge and writing that down left no
-        # journal entry for it; the bridge's alias still names this cluster's directory.
+        # Root's: the host's link into the cluster's namespace (or an earlier version's bridge)
+        # first, then the holder.  A launch interrupted between leasing and writing that down
+        # left no journal entry for it; the link's alias still names this cluster's directory.
         bridge = state.bridge or netns.bridge_owned_by(str(journal.cluster_dir))
         if started is not None:
-            netns.stop_nodes(tools["ip"], started, bridge=bridge)
-            return
-        netns.reap_nodes(state.nodes, cgroups=state.cgroups, node_dirs=state.node_dirs)
+            netns.stop_nodes(tools["ip"], started, host_links=False)
+        else:
+            netns.reap_nodes(state.nodes, cgroups=state.cgroups, node_dirs=state.node_dirs)
         if bridge:
             netns.delete_cluster_links(tools["ip"], bridge, state.veths)
         else:
             netns.delete_links(tools["ip"], state.veths)
+        netns.stop_holder(holder, journal.cluster_dir)
 
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Nodes and links of clusters of ``clusters_dir`` that lost their record
         (``netns.reap_abandoned``: a launch killed before it recorded them, a state
-        directory deleted while they ran), and bridges of ours that nobody will tear down
-        (``netns.reap_stray_bridges``: no node on them and an owner provably gone, whatever
-        state directory or emulator it was) with the empty node cgroups whose bridge is
-        gone; each as the reaper's report names it.
+        directory deleted while they ran), their namespaces' holders (whose namespaces take
+        root's links into them along: such a link has no ports, so is no stray bridge), and
+        bridges of ours that nobody will tear down (``netns.reap_stray_bridges``: no node on
+        them and an owner provably gone, whatever state directory or emulator it was) with
+        the empty node cgroups whose bridge is gone; each as the reaper's report names it.
 
         Under the exclusive :func:`netns.link_lock`: creators name their bridges while
         holding it shared, so one without a name is a creator's that died in between (no
@@ -277,7 +294,9 @@ class LocalBackend(Backend):
             return netns.reap_stray_holders(clusters_dir)
         ip = netns.require_tools()["ip"]
         with netns.link_lock(exclusive=True):
-            return netns.reap_abandoned(ip, clusters_dir) + netns.reap_stray_bridges(ip)
+            # Root's holders too (their namespaces take their host links), before the bridges.
+            gone = netns.reap_abandoned(ip, clusters_dir) + netns.reap_stray_holders(clusters_dir)
+            return gone + netns.reap_stray_bridges(ip)
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -391,6 +410,9 @@ class LocalBackend(Backend):
         self, config: ProvisionConfig, info: ClusterInfo, index: int, shares: list[str]
     ) -> list[netns.NodeSpec]:
         hosts = hosts_file(list(info.nodes))
+        view = netns.node_view(self._seen()) if self.private_root else []
+        # Names resolved through the cluster's gateway, as a pod's through the cluster's DNS.
+        resolver = gateway.resolv_conf(_read("/etc/resolv.conf"), clusterns.subnet_base(index) + "1")
         path_env = info.env["PATH"]
         user = info.head.route.user  # root, or on a rootless cluster the user who launched it
         specs = []
@@ -404,7 +426,9 @@ class LocalBackend(Backend):
             node_home = str(netns.NODE_HOME if self.private_root else home)
             (root / "etc" / "passwd").write_text(passwd_with_home(node_home, user))
             (root / "etc" / "hosts").write_text(hosts)
-            os.chmod(root / "etc" / "passwd", 0o644)
+            (root / "etc" / "resolv.conf").write_text(resolver)
+            for written in ("passwd", "resolv.conf"):
+                os.chmod(root / "etc" / written, 0o644)
             if info.head.route.door:
                 (root / "etc" / "shadow").write_text(shadow_entry(user))
                 os.chmod(root / "etc" / "shadow", 0o600)
@@ -432,6 +456,7 @@ class LocalBackend(Backend):
                     # A machine of its own: its writes stay on it, and it sees no state of ours.
                     layers=config.cluster_dir / "layers" / str(node.rank) if self.private_root else None,
                     hide=[config.cluster_dir.parent.parent] if self.private_root else [],
+                    view=view,  # the host's software, not its users' homes or scratch files
                     # What its pod would hold on Kubernetes, and exactly its GPUs.
                     confinement=dataclasses.replace(
                         privileges.for_node(config.privileges, gpus.device_files(shares[node.rank])),
@@ -440,6 +465,13 @@ class LocalBackend(Backend):
                 )
             )
         return specs
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def _refusable(names: list[str]) -> list[str]:
@@ -463,7 +495,7 @@ def _wait_ready(started: list[netns.NodeProcess], timeout: float, holder: netns.
         ready[0] += 1
         console.counter("nodes ready", ready[0], len(started))
 
-    opener = functools.partial(clusterns.dial, holder.door) if holder is not None else None
+    opener = functools.partial(clusterns.dial, holder.door) if holder is not None and holder.rootless else None
     failed = wait_for_banners(
         [(n.ip, 22) for n in started],
         deadline=time.monotonic() + timeout,

@@ -23,8 +23,10 @@ class LocalJournal:
     """One local cluster's journal (``backend.json`` in the cluster's directory)."""
 
     index: int | None = None  # the cluster's /24 of 198.18.0.0/15 (and its bridge's number)
-    bridge: str = ""  # "": not leased yet (or the launch died before it said which)
-    veths: list[str] = field(default_factory=list)  # the host's end of each node's link, by rank
+    #: Root's: the host's link into the cluster's namespace (an earlier version's: its bridge);
+    #: "": not leased yet (or the launch died before it said which), or rootless.
+    bridge: str = ""
+    veths: list[str] = field(default_factory=list)  # each node's link's other end, by rank
     #: Each node's cgroup on the host ("" for none) and the prefix of the node directories:
     #: written before the nodes start, so the nodes of a launch killed while they started
     #: are found by their cgroups and command lines.
@@ -36,7 +38,8 @@ class LocalJournal:
     nodes: list[netns.NodeRecord] = field(default_factory=list)  # by rank, once started
     faults: NetworkFaults = field(default_factory=NetworkFaults)  # what the network is told to be now
     delayers: dict[int, netns.Delayer] = field(default_factory=dict)  # by rank: nodes with a packet delayer
-    #: A rootless cluster's namespace holder (None: the cluster's links are the host's).
+    #: The cluster's namespace holder (None: a cluster of an earlier version, whose bridge and
+    #: links were the host's, or a launch killed before its holder spoke).
     holder: netns.Holder | None = None
 
     @classmethod

@@ -8,6 +8,7 @@ where this file is imported from their directory; in the package it is
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -39,14 +40,15 @@ def check_ack(sock: socket.socket, what: str = "netlink request") -> None:
 
 # rtnetlink: links, addresses, routes (what ``ip`` would send)
 
-RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
+RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 20, 24
 NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_LINKINFO = 1, 3, 4, 10, 18
 IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD = 20, 27, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 7, 8, 15
-RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST = 254, 2, 253, 1
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTAX_QUICKACK = 1, 4, 5, 7, 8, 15
+RT_TABLE_MAIN, RTPROT_KERNEL, RTPROT_STATIC = 254, 2, 4
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RTN_UNICAST, RTNH_F_ONLINK = 0, 253, 1, 4
 IFF_UP = 1
 
 
@@ -79,10 +81,35 @@ def add_address(sock: socket.socket, index: int, ip: str, prefixlen: int) -> Non
 def subnet_route(sock: socket.socket, subnet: str, index: int, src: str) -> None:
     """The subnet's route on link ``index``, from ``src``, with quickack (no delayed ACKs
     between the cluster's machines): ``ip route replace SUBNET dev <index> src SRC quickack 1``."""
-    network, _, length = subnet.partition("/")
-    body = struct.pack(
-        "=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, RTPROT_KERNEL, RT_SCOPE_LINK, RTN_UNICAST, 0
-    )
-    body += attr(RTA_DST, socket.inet_aton(network)) + u32(RTA_OIF, index) + attr(RTA_PREFSRC, socket.inet_aton(src))
+    route(sock, subnet, index, src=src)
+
+
+def route(sock: socket.socket, dst: str, index: int, *, src: str = "", via: str = "") -> None:
+    """``ip route replace DST dev <index> [via VIA onlink] [src SRC] quickack 1``: on the link
+    (a subnet's own route), or through a gateway that is on it whatever its addresses say
+    (``onlink``: a cluster's gateway, seen from the host's end of their link).  ``DST``
+    ``0.0.0.0/0`` is the default route."""
+    network, _, length = dst.partition("/")
+    scope, proto = (RT_SCOPE_UNIVERSE, RTPROT_STATIC) if via else (RT_SCOPE_LINK, RTPROT_KERNEL)
+    flags = RTNH_F_ONLINK if via else 0
+    body = struct.pack("=BBBBBBBBI", socket.AF_INET, int(length), 0, 0, RT_TABLE_MAIN, proto, scope, RTN_UNICAST, flags)
+    if int(length):
+        body += attr(RTA_DST, socket.inet_aton(network))
+    body += u32(RTA_OIF, index)
+    if via:
+        body += attr(RTA_GATEWAY, socket.inet_aton(via))
+    if src:
+        body += attr(RTA_PREFSRC, socket.inet_aton(src))
     body += attr(RTA_METRICS, u32(RTAX_QUICKACK, 1))
-    request(sock, f"route {subnet} quickack", RTM_NEWROUTE, NLM_F_REPLACE, body)
+    request(sock, f"route {dst}" + (f" via {via}" if via else ""), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body)
+
+
+def delete_link(sock: socket.socket, name: str) -> bool:
+    """``ip link del NAME``; False when there is no such link."""
+    try:
+        request(sock, f"delete {name}", RTM_DELLINK, 0, ifinfo() + string(IFLA_IFNAME, name))
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return False
+        raise
+    return True

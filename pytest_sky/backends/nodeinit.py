@@ -42,28 +42,22 @@ from collections.abc import Callable
 
 try:
     from pytest_sky.backends import confine, netlink
-    from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage
+    from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage, ViewStep
     from pytest_sky.backends.rootpath import within
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import confine  # type: ignore[import-not-found,no-redef]
     import netlink  # type: ignore[import-not-found,no-redef]
-    from nodeinit_protocol import Launch, NodePlan, Report, Stage  # type: ignore[import-not-found,no-redef]
+    from nodeinit_protocol import Launch, NodePlan, Report, Stage, ViewStep  # type: ignore[import-not-found,no-redef]
     from rootpath import within  # type: ignore[import-not-found,no-redef]
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME = 32, 1024, 2048
 MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 21, 1 << 24
 ST_RELATIME = 4096  # statvfs's bit for relatime (the other per-mount bits match MS_*)
-MNT_DETACH = 2
-PR_SET_PDEATHSIG = 1
+MNT_DETACH, PR_SET_PDEATHSIG = 2, 1
 KEEPER_UP = 3  # the node's pipe to the spawner, at a fixed number after the fork
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -158,19 +152,10 @@ def _layer_tree(plan: NodePlan, root: str) -> None:
     directory has mounts below it (they are locked to it), the host's ``/`` first of all; it
     takes one over a directory with none.  So the root is a small tmpfs holding, for each
     directory of the host's, an overlay where it can be one, or else a tmpfs copy of its
-    entries, made the same way one level down; then each of the host's other mounts.
-
-    A scratch directory below the top level (``/var/tmp``) gets an overlay of its own, over
-    its parent's: a file made in a directory of an overlay's lower layer first copies that
-    directory up, with its owner, which the user's namespace cannot name when it is root
-    (EOVERFLOW), while an overlay's own top directory is its upper layer, the user's.  A
-    scratch directory that cannot be one (mounts below it) is an empty tmpfs, as after a
-    reboot."""
+    entries, made the same way one level down; then each of the host's other mounts.  (The
+    scratch directories are the node's own, empty: :func:`_view`.)"""
     mount("psky-root", root, "tmpfs", 0, "mode=755,size=16m")
     _fill(plan, "/", root)
-    for path in plan.scratch:
-        if os.path.isdir(root + path) and not os.path.islink(root + path):
-            _overlay_or_bind(plan.layers, "top" + path.replace("/", "-"), path, root + path)
     for index, mode, path in plan.submounts:
         if os.path.isdir(path) and not os.path.lexists(root + path):
             # Under a scratch directory of the node's own (an empty /tmp): a mount point there
@@ -213,15 +198,16 @@ def _scratch(path: str) -> bool:
     return os.stat(path).st_mode & 0o1777 == 0o1777
 
 
-def _overlay_or_bind(layers: str, key: str, lower: str, target: str) -> None:
+def _overlay_or_bind(layers: str, key: str, lower: str, target: str, *, owner: bool = False) -> None:
     """An overlay whose upper layer (made here, by the node: an ordinary user cannot give it
-    another owner from the host) takes ``lower``'s mode; where the kernel refuses it, an
-    empty scratch directory for a scratch directory, else the host's, read-only."""
+    another owner from the host) takes ``lower``'s mode (and ``owner``, root's nodes); where the
+    kernel refuses it, an empty scratch directory for a scratch directory, else the host's,
+    read-only."""
     upper, work = f"{layers}/{key}/upper", f"{layers}/{key}/work"
     try:
         os.makedirs(upper, exist_ok=True)
         os.makedirs(work, exist_ok=True)
-        os.chmod(upper, os.stat(lower).st_mode & 0o7777)
+        _like(lower, upper, owner=owner)
         _overlay(layers, key, lower, target)
     except (NodeInitError, OSError) as exc:
         if _scratch(lower):
@@ -231,11 +217,45 @@ def _overlay_or_bind(layers: str, key: str, lower: str, target: str) -> None:
         bind(lower, target, readonly=True, recursive=True)
 
 
+def _like(model: str, path: str, *, owner: bool) -> None:
+    """``path`` takes the mode of the host's ``model`` (and, with ``owner``, its owner)."""
+    st = os.stat(model)
+    if owner:
+        os.chown(path, st.st_uid, st.st_gid)
+    os.chmod(path, st.st_mode & 0o7777)
+
+
+def _view(plan: NodePlan, root: str) -> None:
+    """What of the host's files differs on the node (``netns.view`` says why): an emptied
+    directory is one of the node's own on its disk (its layers' ``view/``: gone with them, kept
+    across a restart), with the host's mode and owner; a file is removed; a kept directory is
+    the host's again, copy-on-write, with the directories above it made as the host's."""
+    as_root = plan.node_uid < 0
+    for index, (step, path) in enumerate(plan.view):
+        target = root + path
+        if step == ViewStep.KEEP.value:
+            if os.path.isdir(path):
+                parts = path.strip("/").split("/")
+                for above in ("/" + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)):
+                    if not os.path.lexists(root + above):
+                        os.mkdir(root + above)
+                        _like(above, root + above, owner=as_root)
+                _overlay_or_bind(plan.layers, f"keep{index}", path, target, owner=as_root)
+        elif os.path.isdir(target) and not os.path.islink(target):
+            os.makedirs(f"{plan.layers}/view/{index}", exist_ok=True)
+            _like(path, f"{plan.layers}/view/{index}", owner=as_root)
+            bind(f"{plan.layers}/view/{index}", target)
+        elif os.path.lexists(target):
+            os.unlink(target)  # in the node's own layer (a whiteout there)
+
+
 def _private_root(plan: NodePlan, root: str) -> None:
-    """The layers, then what a machine has of its own: devices, /proc, hidden paths, home."""
+    """The layers, then what a machine has of its own: devices, /proc, its view of the
+    host's files, hidden paths (after the view: a kept directory never shows one), home."""
     _layer_root(plan, root)
     _devices(plan.confinement, root, rootless=plan.node_uid >= 0)
     mount("psky-proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _view(plan, root)
     for hidden in plan.hide:
         target = root + hidden
         if os.path.isdir(target) and not os.path.islink(target):
@@ -319,7 +339,7 @@ def _resolver(plan: NodePlan, root: str) -> None:
         return
     target = f"{root}/etc/resolv.conf"
     if os.path.islink(target) or not os.path.exists(target):
-        if os.path.lexists(target):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(target)
         open(target, "w").close()
     bind(own, target)
@@ -376,6 +396,8 @@ def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket
     )
     eth0 = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, "eth0") + netlink.u32(netlink.IFLA_MTU, plan.mtu)
     eth0 += netlink.attr(netlink.IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
+    if plan.cluster_netns:  # a previous boot's, whose namespace the kernel has not ended yet
+        netlink.delete_link(host_sock, plan.veth)
     netlink.request(
         own,
         f"create veth {plan.veth}",
@@ -398,13 +420,16 @@ def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket
 
 
 def _network(plan: NodePlan, own: socket.socket) -> None:
-    """``lo`` and ``eth0`` up, the node's address, and the subnet's route with quickack (no
-    delayed ACKs between nodes): what ``ip`` would send, straight to the kernel."""
+    """``lo`` and ``eth0`` up, the node's address, the subnet's route with quickack (no
+    delayed ACKs between nodes) and the way out through the cluster's gateway: what ``ip``
+    would send, straight to the kernel."""
     lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
     netlink.request(own, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
     netlink.request(own, "eth0 up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(eth0, up=True))
     netlink.add_address(own, eth0, plan.ip, plan.prefixlen)
     netlink.subnet_route(own, plan.subnet, eth0, plan.ip)
+    if plan.gateway:
+        netlink.route(own, "0.0.0.0/0", eth0, via=plan.gateway)
 
 
 def _pivot(root: str) -> None:

@@ -63,15 +63,21 @@ class NodePlan:
     #: (-1: the host is root, and so is the node).
     node_uid: int = -1
     node_gid: int = -1
-    #: Rootless: the host's scratch directories below the top level (sticky and
-    #: world-writable, such as /var/tmp), each given a layer of its own (``nodeinit._layer_tree``).
-    scratch: list[str] = field(default_factory=list)
+    #: What of the host's files differs on the node, step by step (``netns.view``): a
+    #: ``ViewStep`` value and a host path.
+    view: list[tuple[str, str]] = field(default_factory=list)
     extra_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path: read-only
     shared_mounts: list[tuple[str, str]] = field(default_factory=list)  # host path, node path
     veth: str = ""  # the host's end of the node's link (the node's own end is eth0)
     mac: str = ""  # eth0's
     bridge_index: int = 0  # the bridge the host's end goes on
     link_group: int = 0  # the cluster's link group (0: none): one deletion removes them all
+    #: The node's default route ("": none, as an emulated pod on a network that blocks egress).
+    gateway: str = ""
+    #: The host's end of its link is in the cluster's own network namespace (its holder's),
+    #: where every link's name is the cluster's: one left by the node's previous boot (its
+    #: namespace's end is asynchronous) is deleted rather than taken for another's.
+    cluster_netns: bool = False
     alias: str = ""  # the host's end's ifalias: the node's directory, for `pytest-sky doctor`
     #: What its processes hold (a pod's, by default: ``privileges`` decides it).
     confinement: confine.Confinement = field(default_factory=confine.Confinement)
@@ -81,6 +87,7 @@ class NodePlan:
         plan = cls(**{**data, "confinement": confine.Confinement(**data["confinement"])})
         # JSON has no tuples: the pairs come back as lists.
         plan.submounts = [(int(i), str(mode), str(path)) for i, mode, path in plan.submounts]
+        plan.view = [(str(step), str(path)) for step, path in plan.view]
         plan.extra_mounts = [(str(s), str(t)) for s, t in plan.extra_mounts]
         plan.shared_mounts = [(str(s), str(t)) for s, t in plan.shared_mounts]
         return plan
@@ -101,6 +108,13 @@ class Launch:
             return cls([NodePlan.from_json(p) for p in json.loads(line)["nodes"]])
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"not a launch: {exc}") from None
+
+
+class ViewStep(enum.Enum):
+    """One step of a node's view of the host's files (``netns.view`` says why each)."""
+
+    EMPTY = "empty"  # a directory of the node's own, empty, in its place; a file removed
+    KEEP = "keep"  # the host's directory again, copy-on-write, inside an emptied one
 
 
 class Stage(enum.Enum):

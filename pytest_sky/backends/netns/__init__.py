@@ -36,6 +36,7 @@ The package, by concern (each module imports only those above it in this list):
 - ``userns``: rootless clusters: which mode runs, and each cluster's namespace holder
   (``clusterns.py``), in whose user and network namespaces its nodes start
 - ``reap``: stopping nodes, by pid, cgroup or command line; bridges whose owner is gone
+- ``view``: what of the host's files a node sees (its homes and scratch directories emptied)
 - ``plans``: each node's ``NodePlan`` (and its layers' directories), made on the host
 - ``spawn``: starting nodes through ``nodeinit.py`` and reading its reports
 - ``faults``: network faults inside a node's namespace, and its packet delayer
@@ -101,6 +102,7 @@ from pytest_sky.backends.netns.preflight import (
     check_forward_policy,
     fault_tools,
     forward_policy_problem,
+    holder_tools,
     holds_root_caps,
     require_privileges,
     require_tools,
@@ -118,6 +120,7 @@ from pytest_sky.backends.netns.userns import (
     HOLDER_MARKER,
     Holder,
     LocalMode,
+    await_gateway,
     dial_command,
     holder_processes,
     local_mode,
@@ -127,6 +130,7 @@ from pytest_sky.backends.netns.userns import (
     stop_holder,
     userns_problem,
 )
+from pytest_sky.backends.netns.view import node_view
 
 __all__ = [
     "DELAY_CHAIN",
@@ -150,6 +154,7 @@ __all__ = [
     "NodeSpec",
     "OwnerProcess",
     "apply_link_faults",
+    "await_gateway",
     "bridge_owned_by",
     "cgroup2_root",
     "check_forward_policy",
@@ -161,6 +166,7 @@ __all__ = [
     "fault_tools",
     "forward_policy_problem",
     "holder_processes",
+    "holder_tools",
     "holds_root_caps",
     "host_submounts",
     "ip_batch",
@@ -178,6 +184,7 @@ __all__ = [
     "node_mac",
     "node_processes",
     "node_user",
+    "node_view",
     "orphaned_cgroups",
     "owner_gone",
     "prepare_layers",

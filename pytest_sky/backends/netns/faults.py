@@ -123,7 +123,7 @@ def enter_node(init_pid: int, holder: Holder | None, *, pid: bool = False) -> li
     namespace, with ``pid``), with the power to change it: root's, or on a rootless
     cluster that of root of the cluster's user namespace, which owns the node's."""
     nsenter = fault_tools()["nsenter"]
-    if holder is None:
+    if holder is None or not holder.rootless:
         return [nsenter, "-t", str(init_pid), "-n", *(["-p"] if pid else [])]
     spaces = [f"--net=/proc/{init_pid}/ns/net", *([f"--pid=/proc/{init_pid}/ns/pid"] if pid else [])]
     return holder.enter(*spaces)

@@ -11,13 +11,12 @@ import os
 import re
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from pytest_sky.backends import clusterns, netlink
-from pytest_sky.backends.clusterns import LINK_PREFIX
+from pytest_sky.backends.clusterns import LINK_GROUP_BASE, LINK_PREFIX
 from pytest_sky.errors import ProvisionError
 from pytest_sky.locks import flocked
 
@@ -149,8 +148,7 @@ def link_lock(*, exclusive: bool) -> Iterator[None]:
     """The one ownership signal between creators of bridges (shared: they never wait on each
     other) and reapers (exclusive): a bridge without an owner seen under the exclusive lock
     is not being created, so its creator died between creating and naming it."""
-    base = Path("/run/lock") if os.path.isdir("/run/lock") else Path(tempfile.gettempdir())
-    with flocked(base / "pytest-sky-links.lock", exclusive=exclusive):
+    with flocked(clusterns.link_lock_path(), exclusive=exclusive):
         yield
 
 
@@ -256,12 +254,6 @@ def _delete_owned(ip: str, owners: dict[str, str]) -> None:
             f"could not delete link {', '.join(left)} ({why}): run `pytest-sky down --all` again, "
             "or delete it with `ip link del <name>`"
         )
-
-
-#: Link groups (``ip link ... group N``) of our clusters: bridge ``psky<i>`` and its veths
-#: are in group ``LINK_GROUP_BASE + i``.  Far from 0 (every link's default) and from the small
-#: numbers a host's own ``/etc/iproute2/group`` would name.
-LINK_GROUP_BASE = 0x70730000
 
 
 def link_group(bridge: str) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any
 from pytest_sky import naming, procs
 from pytest_sky.backends import privileges
 from pytest_sky.backends.confine import Confinement
+from pytest_sky.backends.nodeinit_protocol import ViewStep
 from pytest_sky.state import RECORD
 
 #: In a node's directory: the output of everything it runs, and its first process's exit code.
@@ -53,6 +54,10 @@ class NodeSpec:
     #: every node's layers; what an emulated pod's image lacks): a directory is empty on the
     #: node, a file is removed in its own layer.  The node's own ``root`` stays visible.
     hide: list[Path] = field(default_factory=list)
+    #: What of the host's files differs on the node besides, step by step (``netns.view``:
+    #: the homes and scratch directories emptied, the interpreter and rootdir kept); applied
+    #: before ``hide``, which a kept directory never undoes.  Only with ``layers``.
+    view: list[tuple[ViewStep, str]] = field(default_factory=list)
     #: Host directory -> node path, read-write: what the node shares with others on purpose
     #: (a cluster's shared directory, a pod's volume).  Only with ``layers``.
     shared_mounts: dict[str, str] = field(default_factory=dict)
@@ -73,6 +78,7 @@ class NodeSpec:
             "cgroup_mode": self.cgroup_mode,
             "layers": str(self.layers) if self.layers is not None else None,
             "hide": [str(h) for h in self.hide],
+            "view": [[step.value, path] for step, path in self.view],
             "shared_mounts": dict(self.shared_mounts),
             "confinement": dataclasses.asdict(self.confinement),
         }
@@ -90,6 +96,7 @@ class NodeSpec:
             cgroup_mode=data.get("cgroup_mode", "rw"),
             layers=Path(data["layers"]) if data.get("layers") else None,
             hide=[Path(h) for h in data.get("hide", [])],
+            view=[(ViewStep(step), str(path)) for step, path in data.get("view") or []],
             shared_mounts=dict(data.get("shared_mounts") or {}),
             confinement=Confinement(**data["confinement"]) if "confinement" in data else privileges.for_node(),
         )

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_sky import naming
-from pytest_sky.backends import privileges
+from pytest_sky.backends import clusterns, privileges
 from pytest_sky.backends.netns.links import link_group, node_mac
 from pytest_sky.backends.netns.nodes import NODE_EXIT, NODE_HOME, NODE_LOG, NODE_PATH, NodeSpec
 from pytest_sky.backends.netns.userns import Holder
-from pytest_sky.backends.nodeinit_protocol import NodePlan
+from pytest_sky.backends.nodeinit_protocol import NodePlan, ViewStep
 from pytest_sky.errors import ProvisionError
 from pytest_sky.ssh import sshd as sshd_config
 
@@ -36,7 +36,7 @@ def node_plans(
     submounts: dict[tuple[Path, ...], list[tuple[str, str]]] = {}
     bridge_index, group = _bridge_of(bridge, holder)
     sshd_args = list(sshd_config.daemon_args(tools["sshd"]))
-    scratch = scratch_dirs() if holder is not None else []  # once: it reads two levels of /
+    rootless = holder is not None and holder.rootless
     plans = []
     for spec, cgroup in zip(specs, cgroups, strict=True):
         plan = NodePlan(
@@ -61,11 +61,15 @@ def node_plans(
             bridge_index=bridge_index,
             link_group=group,
             alias=str(spec.root),
-            confinement=privileges.rootless(spec.confinement) if holder else spec.confinement,
+            confinement=privileges.rootless(spec.confinement) if rootless else spec.confinement,
+            # In the cluster's own namespace, its gateway is every node's way out.
+            gateway=clusterns.subnet_base(holder.index) + "1" if holder is not None else "",
+            cluster_netns=holder is not None,
         )
         if spec.layers is not None:
-            hidden = tuple(spec.hide)
-            _layered(plan, spec, submounts.setdefault(hidden, host_submounts(hidden)), scratch if holder else None)
+            # What the node never sees of the host's needs no layer: hidden, or emptied.
+            hidden = (*spec.hide, *(Path(path) for step, path in spec.view if step is ViewStep.EMPTY))
+            _layered(plan, spec, submounts.setdefault(hidden, host_submounts(hidden)), rootless)
         plans.append(plan)
     return plans
 
@@ -81,19 +85,19 @@ def _bridge_of(bridge: str, holder: Holder | None) -> tuple[int, int]:
         raise ProvisionError(f"bridge {bridge} is gone: was the cluster torn down meanwhile?") from None
 
 
-def _layered(plan: NodePlan, spec: NodeSpec, mounts: list[tuple[str, str]], scratch: list[str] | None) -> None:
+def _layered(plan: NodePlan, spec: NodeSpec, mounts: list[tuple[str, str]], rootless: bool) -> None:
     """A root of its own for the node: its layers, the host's mounts it carries, what it must
-    not see; rootless (``scratch`` given), the node makes its layers' directories itself."""
+    not see; rootless, the node makes its layers' directories itself."""
     assert spec.layers is not None
-    if scratch is None:
+    if not rootless:
         prepare_layers(spec.layers, mounts)
     else:
         (spec.layers / "merged").mkdir(parents=True, exist_ok=True, mode=0o700)
         plan.node_uid, plan.node_gid = os.getuid(), os.getgid()
-        plan.scratch = scratch
     plan.layers = str(spec.layers)
     plan.submounts = [(i, mode, path) for i, (mode, path) in enumerate(mounts, 1)]
     plan.hide = [str(h) for h in spec.hide]
+    plan.view = [(step.value, path) for step, path in spec.view]
     plan.node_home = NODE_HOME
     plan.shared_mounts = list(spec.shared_mounts.items())
 
@@ -121,29 +125,6 @@ def host_submounts(hidden: Sequence[Path] = ()) -> list[tuple[str, str]]:
         found.pop(path, None)  # the later mount over the same path is the one that shows
         found[path] = "ro" if "ro" in fields[3].split(",") else "rw"
     return [(mode, path) for path, mode in found.items()]
-
-
-def scratch_dirs(depth: int = 2) -> list[str]:
-    """The host's scratch directories (sticky and world-writable: /var/tmp) below the top
-    level and down to ``depth`` levels, outside the directories a node mounts for itself
-    (and below none: a scratch directory's own is the user's to write)."""
-    found, level = [], ["/"]
-    for step in range(depth):
-        below = []
-        for parent in level:
-            try:
-                entries = list(os.scandir(parent))
-            except OSError:
-                continue
-            for entry in entries:
-                if not entry.is_dir(follow_symlinks=False) or entry.path in naming.NODE_OWN_MOUNTS:
-                    continue
-                if entry.stat(follow_symlinks=False).st_mode & 0o1777 != 0o1777:
-                    below.append(entry.path)
-                elif step:
-                    found.append(entry.path)
-        level = below
-    return sorted(found)
 
 
 def prepare_layers(layers: Path, submounts: Sequence[tuple[str, str]]) -> None:

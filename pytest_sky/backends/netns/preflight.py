@@ -31,8 +31,13 @@ def require_tools() -> dict[str, str]:
 
 
 def rootless_tools() -> dict[str, str]:
-    """What starting rootless nodes takes besides :func:`require_tools`."""
-    return _find({"nsenter": "util-linux"}, "rootless nodes need")
+    """What starting nodes in their cluster's namespaces takes besides :func:`require_tools`."""
+    return _find({"nsenter": "util-linux"}, "the local backend needs")
+
+
+def holder_tools() -> dict[str, str]:
+    """What a cluster's namespace holder takes: the gateway's rules (``gateway.rules``)."""
+    return _find({"iptables-restore": "iptables"}, "the local backend needs", " (or `bash scripts/setup.sh`)")
 
 
 def require_privileges() -> None:

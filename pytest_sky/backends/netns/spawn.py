@@ -38,10 +38,11 @@ def start_nodes(
     Returns once every node has its address and mounts and is exec'ing sshd; the caller
     waits for the SSH banners.  (Dialling a node before its address exists costs a 1 s ARP
     retry, hence the handshake.)  On any failure every node of the call is stopped.  With a
-    ``holder`` the nodes are rootless: started in its namespaces, with no cgroup and no
-    link on the host.
+    ``holder`` the nodes start in its network namespace, with no link on the host; a rootless
+    holder's are rootless, in its user namespace too, with no cgroup.
     """
-    cgroups = [None if holder else _new_node_cgroup(spec) for spec in specs]
+    rootless = holder is not None and holder.rootless
+    cgroups = [None if rootless else _new_node_cgroup(spec) for spec in specs]
     try:
         plans = node_plans(
             specs, cgroups, prefixlen=prefixlen, subnet=subnet, mtu=mtu, tools=tools, bridge=bridge, holder=holder

@@ -1,11 +1,14 @@
-"""Rootless nodes: the host's side of a cluster whose network lives in a user namespace.
+"""The host's side of a cluster's namespace holder, and rootless nodes.
 
-An ordinary user cannot put links in the host's network namespace, so each rootless cluster
-has a holder (``clusterns.py``), a process in a user namespace of its own where the user is
-root, and in a network namespace that namespace owns, holding the cluster's bridge.  Nodes
-are started inside it (``nsenter --user --net``, keeping the user's credentials: uid 0
+Every local cluster's network lives in a namespace of its own, held by its holder
+(``clusterns.py``) and holding the cluster's bridge and gateway; nodes are started inside it
+(``nsenter --net``) and killing the holder takes the bridge and every veth with it.  Root's
+holder has a link to the host, which routes to the nodes through it.  An ordinary user
+cannot put links in the host's network namespace, so a rootless cluster's holder is in a
+user namespace of its own where the user is root, which owns its network namespace; nodes
+are started inside both (``nsenter --user --net``, keeping the user's credentials: uid 0
 there), and the host reaches a node's sshd through the holder's door, which connects inside
-and hands back the socket.  Killing the holder takes the bridge and every veth with it.
+and hands back the socket.
 
 Which mode a process runs in is decided once (:func:`local_mode`): root's, where this
 process holds CAP_NET_ADMIN and CAP_SYS_ADMIN; rootless where the host lets an ordinary
@@ -31,9 +34,16 @@ from typing import Any
 
 from pytest_sky import procs
 from pytest_sky.backends import clusterns
+from pytest_sky.backends.netns.links import routed_networks
 from pytest_sky.backends.netns.nodes import abandoned
 from pytest_sky.backends.netns.output import Lines, tail
-from pytest_sky.backends.netns.preflight import holds_root_caps, require_privileges, rootless_tools
+from pytest_sky.backends.netns.preflight import (
+    holder_tools,
+    holds_root_caps,
+    require_privileges,
+    require_tools,
+    rootless_tools,
+)
 from pytest_sky.errors import BackendUnavailableError, ProvisionError
 
 #: The holder's program, run as ``python -S -I`` (standard library only).
@@ -103,13 +113,19 @@ def userns_problem(proc_sys: Path = Path("/proc/sys")) -> str | None:
 
 @dataclass(frozen=True)
 class Holder:
-    """A rootless cluster's holder as its journal keeps it."""
+    """A cluster's namespace holder as its journal keeps it."""
 
     pid: int
     start_time: int | None  # ``procs.start_time``: a recycled pid is never taken for it
     door: str  # its abstract unix socket (``@name``): ``clusterns.dial`` asks it for connections
     index: int  # the cluster's /24 of 198.18.0.0/15
     bridge_index: int  # the bridge's ifindex, in the cluster's network namespace
+    #: Its namespaces are a user namespace's (an ordinary user's cluster), or root's, whose
+    #: host reaches the nodes by a route of its own (``clusterns.Uplink``).  A journal of an
+    #: earlier version, when only rootless clusters had holders, says nothing: rootless.
+    rootless: bool = True
+    #: Its gateway's dialer, a fork of it (0: none, a holder of an earlier version).
+    dialer: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,56 +139,98 @@ class Holder:
             door=str(data["door"]),
             index=int(data["index"]),
             bridge_index=int(data["bridge_index"]),
+            rootless=bool(data.get("rootless", True)),
+            dialer=int(data.get("dialer", 0)),
         )
 
     def alive(self) -> bool:
         return procs.is_alive(self.pid, self.start_time)
 
     def enter(self, *spaces: str) -> list[str]:
-        """The argv prefix that runs a program as root of the cluster's user namespace (the
-        user's own credentials, which are uid 0 there), in its network namespace or in the
-        namespaces ``spaces`` name (nsenter's ``--net=FILE`` ...)."""
+        """The argv prefix that runs a program in the cluster's network namespace, or in the
+        namespaces ``spaces`` name (nsenter's ``--net=FILE`` ...): rootless, as root of the
+        cluster's user namespace (the user's own credentials, which are uid 0 there)."""
         if not self.alive():
             raise ProvisionError(f"the cluster's namespace holder (pid {self.pid}) is gone: tear the cluster down")
-        nsenter = rootless_tools()["nsenter"]
-        return [nsenter, f"--target={self.pid}", "--user", "--preserve-credentials", *(spaces or ["--net"]), "--"]
+        user = ["--user", "--preserve-credentials"] if self.rootless else []
+        return [rootless_tools()["nsenter"], f"--target={self.pid}", *user, *(spaces or ["--net"]), "--"]
 
 
-def start_holder(cluster_dir: Path, mtu: int, timeout: float = 30.0) -> Holder:
-    """Start the cluster's holder and wait for its word: its subnet and bridge, or why not."""
+#: Holders started by this process whose gateway has not said it is ready: by pid, the
+#: process and its output, read by :func:`await_gateway` while the nodes start.
+_STARTING: dict[int, tuple[subprocess.Popen[bytes], Lines]] = {}
+
+
+def start_holder(cluster_dir: Path, mtu: int, *, rootless: bool = True, timeout: float = 30.0) -> Holder:
+    """Start the cluster's holder and wait for its first word: its subnet and bridge (the
+    nodes may start), or why not.  Its gateway gets ready meanwhile (:func:`await_gateway`).
+    Root's (``rootless=False``) keeps clear of the subnets the host routes elsewhere."""
     door = f"@pytest-sky-door-{secrets.token_hex(8)}"  # an abstract socket: see clusterns
+    restore = holder_tools()["iptables-restore"]
+    mode = "rootless" if rootless else "root"
     argv = [sys.executable, "-S", "-I", str(CLUSTERNS), "hold", f"{HOLDER_MARKER}{cluster_dir}", door, str(mtu)]
+    argv += [mode, restore, ",".join(routed_networks(require_tools()["ip"]))] if not rootless else [mode, restore]
     # A session of its own: Ctrl-C reaches pytest, which tears the cluster down in order.
     with open(cluster_dir / HOLDER_LOG, "ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True
         )
+    lines = Lines(proc)
+    words = _said(proc, lines, cluster_dir, timeout, "LEASED", 4)
+    _STARTING[proc.pid] = (proc, lines)
+    return Holder(proc.pid, procs.start_time(proc.pid), door, int(words[1]), int(words[2]), rootless, int(words[3]))
+
+
+def await_gateway(holder: Holder, cluster_dir: Path, timeout: float = 30.0) -> None:
+    """Wait for the holder's gateway (its rules, its relay): no node may run a task before
+    it is in place.  A holder this process did not start was ready when it was recorded."""
+    started = _STARTING.pop(holder.pid, None)
+    if started is not None:
+        _said(*started, cluster_dir, timeout, "READY", 1)
+
+
+def _said(
+    proc: subprocess.Popen[bytes], lines: Lines, cluster_dir: Path, timeout: float, word: str, count: int
+) -> list[str]:
+    """The holder's next line, which must be ``word`` and ``count`` words long; otherwise it
+    is killed and a ProvisionError says why (its FAILED line, or its log's last)."""
     try:
-        assert proc.stdout is not None
-        with proc.stdout:
-            line = Lines(proc).next(time.monotonic() + timeout)  # its one line
-        if line is None:
+        line = lines.next(time.monotonic() + timeout)
+        if line is None and proc.poll() is None:
             raise ProvisionError(f"the cluster's namespace holder said nothing within {timeout:.0f} s")
-        words = line.split()
     except BaseException:
         proc.kill()
         proc.wait()
         raise
-    if proc.poll() is not None or len(words) != 3 or words[0] != "READY":
+    words = (line or "").split()
+    if word == "READY" and proc.stdout is not None:
+        proc.stdout.close()  # its last word
+    if proc.poll() is not None or len(words) != count or words[0] != word:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
         detail = " ".join(words[1:]) if words[:1] == ["FAILED"] else tail(cluster_dir / HOLDER_LOG, 1)
         raise ProvisionError(f"could not make the cluster's network namespace: {detail or 'no answer'}")
-    return Holder(proc.pid, procs.start_time(proc.pid), door, int(words[1]), int(words[2]))
+    return words
 
 
 def stop_holder(holder: Holder | None, cluster_dir: Path) -> None:
-    """Kill the cluster's holder: the one recorded, or else any whose command line names
-    ``cluster_dir`` (one started by a launch killed before it wrote the record; the record
-    is written the moment the holder has spoken, so there is no other)."""
-    alive = holder is not None and holder.alive()
-    procs.kill_and_wait([holder.pid] if holder is not None and alive else holder_processes(str(cluster_dir)))
+    """Kill the cluster's holder and its gateway's dialer (a fork of it, which carries its
+    command line): those recorded, or else any whose command line names ``cluster_dir`` (one
+    started by a launch killed before it wrote the record)."""
+    marker = f"{HOLDER_MARKER}{cluster_dir}"
+    if holder is not None and holder.alive():
+        dialer = [holder.dialer] if holder.dialer and marker in (procs.cmdline(holder.dialer) or []) else []
+        doomed = [holder.pid, *dialer]
+    else:
+        doomed = holder_processes(str(cluster_dir))
+    started = _STARTING.pop(holder.pid, None) if holder is not None else None
+    procs.kill_and_wait(doomed)
+    if started is not None:  # its gateway never said it was ready: the launch failed first
+        proc, _ = started
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
 
 
 def holder_processes(cluster_dir: str = "") -> list[int]:
