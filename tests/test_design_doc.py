@@ -168,9 +168,10 @@ def test_headings_are_read_with_their_letters() -> None:
 
 # ------------------------------------------------------------ the tests the documents name
 
-#: ``tests/test_x.py`` or ``tests/test_x.py::test_y``, and in a table's row a bare ``test_y`` in
-#: backticks (the security table names its tests so, under ``tests/test_security.py`` unless
-#: named; prose names SkyPilot's own tests so too).
+#: ``tests/test_x.py`` or ``tests/test_x.py::test_y``, and in a table row's last cell (its
+#: proof) a bare ``test_y`` in backticks (the security table names its tests so, under
+#: ``tests/test_security.py`` unless named; prose, and a claim's own words, name SkyPilot's
+#: tests so too).
 NAMED_TEST = re.compile(r"`?(?P<file>tests/test_\w+\.py)(?:::(?P<test>test_\w+))?")
 BARE_TEST = re.compile(r"`(?P<test>test_\w+)`")
 
@@ -178,8 +179,8 @@ BARE_TEST = re.compile(r"`(?P<test>test_\w+)`")
 def named_tests(text: str) -> tuple[list[tuple[str, str]], list[str]]:
     """(file, test or "") for each test named with its file, and each test named bare."""
     with_file = [(m["file"], m["test"] or "") for m in NAMED_TEST.finditer(text)]
-    rows = [line for line in text.splitlines() if line.startswith("|")]
-    return with_file, [m["test"] for row in rows for m in BARE_TEST.finditer(row)]
+    proof = [line.rstrip(" |").rsplit("|", 1)[-1] for line in text.splitlines() if line.startswith("|")]
+    return with_file, [m["test"] for cell in proof for m in BARE_TEST.finditer(cell)]
 
 
 def test_every_test_the_documents_name_exists() -> None:
@@ -203,5 +204,5 @@ def test_every_test_the_documents_name_exists() -> None:
 
 
 def test_a_test_named_with_its_file_or_bare_is_read() -> None:
-    text = "| x | `tests/test_a.py::test_b`, `test_c`, `tests/test_d.py` |"
+    text = "| x, as SkyPilot's `test_e` | `tests/test_a.py::test_b`, `test_c`, `tests/test_d.py` |"
     assert named_tests(text) == ([("tests/test_a.py", "test_b"), ("tests/test_d.py", "")], ["test_c"])
