@@ -113,17 +113,19 @@ def rules(plan: GatewayPlan) -> str:
 def sysctls(plan: GatewayPlan) -> list[tuple[str, str]]:
     """The holder's namespace's own settings (``/proc/sys`` paths, values), in order.
 
-    Unreachables answered at once (no rate limit: a node's connect fails now, not after a
-    timeout); bridged frames kept out of netfilter (node to node traffic is not the
-    gateway's to track).  Root's: forwarding between the host's link and the bridge (in
-    this namespace only: the host's ``ip_forward`` is untouched), and the host's address
-    answered for on the bridge (proxy ARP, without its random delay), since to the nodes it
-    is on their subnet."""
-    out = [("net/ipv4/icmp_ratelimit", "0")]
+    Forwarding on (in this namespace only: the host's ``ip_forward`` is untouched), root's
+    and rootless alike: only a namespace that forwards answers a packet it has no route for
+    (the host's addresses, link-local, other clusters) with an ICMP unreachable; one that
+    does not drops it, and a node's connect there hung for its whole timeout (rootless, 5 s
+    an address).  The kernel still limits those answers per node (a burst of five, then one
+    a second: ``net.ipv4.route.error_cost``, the host's); the rest of ICMP is answered at
+    once (no rate limit).  Bridged frames kept out of netfilter (node to node traffic is not
+    the gateway's to track).  Root's: the host's address answered for on the bridge (proxy
+    ARP, without its random delay), since to the nodes it is on their subnet."""
+    out = [("net/ipv4/icmp_ratelimit", "0"), ("net/ipv4/ip_forward", "1")]
     out += [(f"net/bridge/bridge-nf-call-{t}", "0") for t in ("iptables", "ip6tables", "arptables")]
     if plan.uplink:
         out += [
-            ("net/ipv4/ip_forward", "1"),
             (f"net/ipv4/conf/{plan.bridge}/proxy_arp", "1"),
             (f"net/ipv4/neigh/{plan.bridge}/proxy_delay", "0"),
         ]
