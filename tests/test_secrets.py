@@ -12,7 +12,9 @@ inner test stops and this test reads, for the canary:
 - every file under the state directories (the client's records, each node's disk and job
   records; the emulator's pods on Kubernetes), while the cluster is up and after teardown;
 - a packet capture (``tcpdump``) of the cluster's bridge, from launch to teardown: the
-  client's connection to the head and every head-to-worker hop cross it;
+  client's connection to the head and every head-to-worker hop cross it (a local cluster's
+  bridge is in its holder's network namespace, where the capture runs: the host's link into
+  that namespace carries the client's hops only);
 - the inner run's output, its JUnit XML and every file under its artifacts directory.
 
 The value is in none of them; ``***`` stands where a rank printed it, and the ranks'
@@ -28,6 +30,7 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -88,8 +91,10 @@ sleep 10000
 
 @pytest.mark.multinode(num_nodes=2)
 def test_canary(sky_cluster):
-    bridge = sky_cluster.journal.load().get("bridge", "")
-    step("up", name=sky_cluster.name, ssh_config=sky_cluster.ssh_config, bridge=bridge)
+    record = sky_cluster.journal.load()
+    holder = (record.get("holder") or {}).get("pid", 0)
+    where = {"bridge": record.get("bridge", ""), "holder": holder, "ips": sky_cluster.node_ips}
+    step("up", name=sky_cluster.name, ssh_config=sky_cluster.ssh_config, **where)
     first = sky_cluster.run(FIRST)
     job = sky_cluster.submit(FIRST)
     job.wait(120)
@@ -217,11 +222,14 @@ class Steps:
 
 
 class Capture:
-    """``tcpdump`` on one bridge, every packet whole, written as it comes."""
+    """``tcpdump`` on one bridge, every packet whole, written as it comes; in the network
+    namespace of process ``holder`` where it is one (a local cluster's holder), else the host's."""
 
-    def __init__(self, bridge: str, path: Path) -> None:
+    def __init__(self, bridge: str, path: Path, holder: int = 0) -> None:
         self.path = path
         argv = ["tcpdump", "-i", bridge, "-s", "0", "-U", "-n", "-w", str(path)]
+        if holder:
+            argv = ["nsenter", f"--net=/proc/{holder}/ns/net", *argv]
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
         said = self.proc.stderr.readline()  # "listening on <bridge>, ..." once it captures
@@ -284,7 +292,7 @@ def canary_run(
     capture = None
     try:
         up = steps.next("up", inner, log)
-        capture = Capture(up["bridge"] or emulator_bridge, pytester.path / "bridge.pcap")
+        capture = Capture(up["bridge"] or emulator_bridge, pytester.path / "bridge.pcap", up["holder"])
         steps.go()
         steps.next("running", inner, log)
         while_running(up["ssh_config"], [up["name"], f"{up['name']}-worker1"], state)
@@ -298,6 +306,8 @@ def canary_run(
             inner.kill()
             inner.wait()
         packets = capture.stop() if capture is not None else b""
+    # The capture saw the hops between nodes: an IPv4 header from the head to the worker.
+    assert socket.inet_aton(up["ips"][0]) + socket.inet_aton(up["ips"][1]) in packets, "no head-to-worker packet"
     after_teardown(log.read_text(), xml.read_text(), art, packets, state)
 
 
