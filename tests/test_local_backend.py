@@ -391,50 +391,53 @@ def test_reaper_removes_bridges_no_cluster_owns_and_only_those(sky_home: Path, t
 
 
 def test_a_killed_runs_bridge_goes_at_the_next_reap_of_any_state_directory(tmp_path: Path):
-    """A run SIGKILLed with its nodes (a whole xdist session, say) leaves its bridge, an
-    object of the host's network, with no node on it and an alias naming a state directory
-    nobody uses again (a test's temporary one).  The next reaper pass of another state
-    directory removes it, judged by its owner's liveness: a cluster whose owner lives keeps
-    its bridge though no node is on it (stopped), and so does a kept cluster whose owner died.
-    A rootless process's pass leaves root's bridges alone and does not fail on them."""
+    """A run SIGKILLed (a whole xdist session, say) leaves its cluster's namespace holder, and
+    with it the cluster's bridge and the host's link into its namespace, whose alias names a
+    state directory nobody uses again (a test's temporary one).  The next reaper pass of
+    another state directory kills that holder and removes the link, judged by its owner's
+    liveness: a cluster whose owner lives keeps them though no node is left (stopped), and so
+    does a kept cluster whose owner died.  A rootless process's pass leaves root's holders
+    and links alone and does not fail on them."""
     from pytest_sky.cluster import reap_orphans
     from pytest_sky.lifecycle import teardown
 
     dead = StateStore(tmp_path / "dead")
-    code = (  # the bridges are seen while their owner lives: once it is dead, any run's reaper may take them
+    code = (  # the links are seen while their owner lives: once it is dead, any run's reaper may take them
         "import os, signal, pytest_sky\n"
         "from pytest_sky.state import StateStore\n"
         "from tests.leftovers import our_links\n"
         "for name, keep in (('killed', False), ('kept', True)):\n"
         "    pytest_sky.launch(num_nodes=1, name=name, keep=keep).kill_node(0)\n"
-        "    (bridge,) = our_links(StateStore().cluster_dir(name))\n"
-        "    print(name, bridge, len(os.listdir(f'/sys/class/net/{bridge}/brif')), flush=True)\n"
+        "    (link,) = our_links(StateStore().cluster_dir(name))\n"
+        "    print(name, link, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {**os.environ, "PYTEST_SKY_HOME": str(dead.root), "PYTHONPATH": str(Path(__file__).parent.parent)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
-    seen = {name: bridge for name, bridge, _ in map(str.split, proc.stdout.splitlines())}
-    ports = {name: n for name, _, n in map(str.split, proc.stdout.splitlines())}
-    assert ports == {"killed": "0", "kept": "0"}, proc.stdout  # a bridge each, with no node on it
+    seen = dict(map(str.split, proc.stdout.splitlines()))
+    assert set(seen) == {"killed", "kept"}, proc.stdout
     live_store = StateStore(tmp_path / "live")
     live = pytest_sky.launch(num_nodes=1, name="alive", store=live_store)
     user_home = world_dir("psky-reaper-")
     try:
-        live.kill_node(0)  # as `pytest-sky stop` leaves it: its bridge has no node on it
+        live.kill_node(0)  # as `pytest-sky stop` leaves it: no node left, its holder and link stay
         killed, kept, alive = dead.cluster_dir("killed"), dead.cluster_dir("kept"), live_store.cluster_dir("alive")
-        assert our_links(kept) == [seen["kept"]]
-        assert len(our_links(alive)) == 1 and not os.listdir(f"/sys/class/net/{our_links(alive)[0]}/brif")
-        bridges = {kept: our_links(kept), alive: our_links(alive)}
+        # The owner is dead; its holders and links outlived it.
+        assert our_links(killed) == [seen["killed"]] and our_links(kept) == [seen["kept"]]
+        assert netns.holder_processes(str(killed)) and netns.holder_processes(str(kept))
+        before = {d: (our_links(d), netns.holder_processes(str(d))) for d in (kept, alive)}
+        assert all(links and holders for links, holders in before.values()), before
         rootless = run_python(
             AS_NOBODY,
             "from pytest_sky.cluster import reap_orphans\nprint(reap_orphans())\n",
             env={"PYTEST_SKY_HOME": str(user_home)},
         )
         assert rootless.returncode == 0 and f"link {seen['killed']}" not in rootless.stdout, rootless
+        assert netns.holder_processes(str(killed)), rootless.stdout  # not a user's to take
         reap_orphans(StateStore(tmp_path / "reaper"))
-        assert our_links(killed) == []
-        assert our_links(kept) == bridges[kept] and our_links(alive) == bridges[alive]
+        assert our_links(killed) == [] and netns.holder_processes(str(killed)) == []
+        assert {d: (our_links(d), netns.holder_processes(str(d))) for d in (kept, alive)} == before
     finally:
         shutil.rmtree(user_home, ignore_errors=True)
         live.down()

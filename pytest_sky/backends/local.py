@@ -281,22 +281,24 @@ class LocalBackend(Backend):
     def reap_stray_links(self, clusters_dir: Path) -> list[str]:
         """Nodes and links of clusters of ``clusters_dir`` that lost their record
         (``netns.reap_abandoned``: a launch killed before it recorded them, a state
-        directory deleted while they ran), their namespaces' holders (whose namespaces take
-        root's links into them along: such a link has no ports, so is no stray bridge), and
-        bridges of ours that nobody will tear down (``netns.reap_stray_bridges``: no node on
-        them and an owner provably gone, whatever state directory or emulator it was) with
-        the empty node cgroups whose bridge is gone; each as the reaper's report names it.
+        directory deleted while they ran), their namespaces' holders and, machine-wide, every
+        holder whose owner is provably gone (``netns.reap_ownerless_holders``; their
+        namespaces take root's links into them along: such a link has no ports, so is no
+        stray bridge), and bridges of ours that nobody will tear down
+        (``netns.reap_stray_bridges``: no node on them and an owner provably gone, whatever
+        state directory or emulator it was) with the empty node cgroups whose bridge is
+        gone; each as the reaper's report names it.
 
         Under the exclusive :func:`netns.link_lock`: creators name their bridges while
         holding it shared, so one without a name is a creator's that died in between (no
         timing guesses).  A bridge whose owner lives stays, whichever state directory it is in."""
         if self.rootless:  # nothing of a rootless cluster is on the host but its holder
-            return netns.reap_stray_holders(clusters_dir)
+            return netns.reap_stray_holders(clusters_dir) + netns.reap_ownerless_holders(None)
         ip = netns.require_tools()["ip"]
         with netns.link_lock(exclusive=True):
             # Root's holders too (their namespaces take their host links), before the bridges.
             gone = netns.reap_abandoned(ip, clusters_dir) + netns.reap_stray_holders(clusters_dir)
-            return gone + netns.reap_stray_bridges(ip)
+            return gone + netns.reap_ownerless_holders(ip) + netns.reap_stray_bridges(ip)
 
     # -- faults ----------------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ from pytest_sky.backends.netns.reap import (
     node_processes,
     reap_abandoned,
     reap_nodes,
+    reap_ownerless_holders,
     reap_stray_bridges,
     stop_nodes,
 )
@@ -190,6 +191,7 @@ __all__ = [
     "prepare_layers",
     "reap_abandoned",
     "reap_nodes",
+    "reap_ownerless_holders",
     "reap_stray_bridges",
     "reap_stray_holders",
     "remove_empty_cgroup",

@@ -17,9 +17,16 @@ from pytest_sky.backends.netns.cgroups import (
     remove_empty_cgroup,
     signal_cgroups,
 )
-from pytest_sky.backends.netns.links import LINK_PREFIX, delete_cluster_links, delete_links, link_alias
+from pytest_sky.backends.netns.links import (
+    LINK_PREFIX,
+    bridge_owned_by,
+    delete_cluster_links,
+    delete_links,
+    link_alias,
+)
 from pytest_sky.backends.netns.nodes import NODE_MARKER, NodeProcess, NodeRecord, abandoned
 from pytest_sky.backends.netns.owners import owner_gone
+from pytest_sky.backends.netns.userns import HOLDER_MARKER, holder_processes
 from pytest_sky.procs import kill_and_wait
 
 log = logging.getLogger(__name__)
@@ -142,3 +149,35 @@ def _has_ports(bridge: str) -> bool:
         return any(os.scandir(f"/sys/class/net/{bridge}/brif"))
     except OSError:
         return True
+
+
+def reap_ownerless_holders(ip: str | None) -> list[str]:
+    """Kill the namespace holders on this machine that nobody will ever stop, whoever's they
+    were: no node of theirs left, and an owner that is provably gone (:func:`owner_gone`:
+    its directory gone, or a record naming a dead owner that did not keep it).  A run
+    SIGKILLed with a state directory nobody uses again (a test's temporary one) leaves its
+    holder, and with it the cluster's bridge and root's link into its namespace, and no
+    reaper of that directory ever runs.  Only holders this process may signal (root: all; a
+    user: their own).  With ``ip`` (root's), the host's link into each such namespace is
+    deleted too, at once rather than whenever the kernel frees the dead namespace; what
+    went, for the reaper's report."""
+    doomed: dict[int, str] = {}
+    for pid in holder_processes():
+        marker = next((a for a in procs.cmdline(pid) or [] if a.startswith(HOLDER_MARKER)), None)
+        if marker is None or not (procs.holds_root_caps() or _uid_of(pid) == os.getuid()):
+            continue
+        cluster_dir = marker.removeprefix(HOLDER_MARKER)
+        if not node_processes(f"{cluster_dir}/") and owner_gone(cluster_dir):
+            doomed[pid] = cluster_dir
+    kill_and_wait(list(doomed))
+    links = [link for link in map(bridge_owned_by, sorted(set(doomed.values()))) if link] if ip else []
+    if ip and links:
+        delete_links(ip, links)
+    return [f"namespace holder {pid}" for pid in doomed] + [f"link {link}" for link in links]
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
