@@ -445,6 +445,51 @@ def test_a_killed_runs_bridge_goes_at_the_next_reap_of_any_state_directory(tmp_p
             teardown(record, dead)
 
 
+#: In a mount namespace of its own, over a state directory only it sees: a stopped cluster
+#: (no node left), its owner alive until told to go on (a line on stdin).
+PRIVATE_LAUNCH = """
+import sys, pytest_sky
+c = pytest_sky.launch(num_nodes=1, name="private")
+c.kill_node(0)
+print(c.journal.cluster_dir, flush=True)
+sys.stdin.readline()
+c.down()
+"""
+
+
+def test_a_holder_whose_directory_only_its_own_mount_namespace_sees_is_not_taken(tmp_path: Path):
+    """A launch in a mount namespace of its own (its state directory on a private tmpfs or
+    overlay) has a directory this process cannot see; the reaper judges it as its holder
+    sees it, so a live owner's holder stays though no node of it is left."""
+    state = tmp_path / "state"
+    state.mkdir()
+    script = f'mount -t tmpfs psky-test {state} && PYTEST_SKY_HOME={state}/home exec {sys.executable} -c "$0"'
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    inner = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PRIVATE_LAUNCH],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert inner.stdout is not None and inner.stdin is not None
+        cluster_dir = inner.stdout.readline().strip()
+        assert cluster_dir.startswith(str(state)) and not Path(cluster_dir).exists()  # not from here
+        holders = netns.holder_processes(cluster_dir)
+        assert holders
+        gone = netns.reap_ownerless_holders(netns.require_tools()["ip"])  # another's may go: not this one
+        assert not {f"namespace holder {pid}" for pid in holders} & set(gone), gone
+        assert netns.holder_processes(cluster_dir) == holders
+        inner.stdin.write("go\n")
+        inner.stdin.close()
+        assert inner.wait(timeout=120) == 0
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait()
+
+
 def test_the_reaper_neither_takes_nor_reports_a_link_another_teardown_just_deleted(
     sky_home: Path, monkeypatch: pytest.MonkeyPatch
 ):

@@ -167,7 +167,10 @@ def reap_ownerless_holders(ip: str | None) -> list[str]:
         if marker is None or not (procs.holds_root_caps() or _uid_of(pid) == os.getuid()):
             continue
         cluster_dir = marker.removeprefix(HOLDER_MARKER)
-        if not node_processes(f"{cluster_dir}/") and owner_gone(cluster_dir):
+        # Its directory as the holder sees it: a launch in a mount namespace of its own (a
+        # state directory on a private overlay) has one this process may not see.
+        gone = not node_processes(f"{cluster_dir}/") and owner_gone(f"/proc/{pid}/root{cluster_dir}")
+        if gone and marker in (procs.cmdline(pid) or []):  # still that holder: not one gone since
             doomed[pid] = cluster_dir
     kill_and_wait(list(doomed))
     links = [link for link in map(bridge_owned_by, sorted(set(doomed.values()))) if link] if ip else []
