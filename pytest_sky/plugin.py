@@ -110,13 +110,10 @@ def settings_from(config: pytest.Config) -> Settings:
     ini = {o.ini: str(config.getini(o.ini)) for o in settings.OPTIONS}
     where = config.inipath.name if config.inipath is not None else "the ini file"
     try:
-        resolved = settings.resolve(
-            ini=ini, ini_file=where, **{o.name: config.getoption(o.dest) for o in settings.OPTIONS}
-        )
+        got = settings.resolve(ini=ini, ini_file=where, **{o.name: config.getoption(o.dest) for o in settings.OPTIONS})
     except settings.SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
-    # Local nodes see the test's own tree wherever it lives (a rootdir under /tmp, or a home).
-    return resolved if resolved.rootdir else replace(resolved, rootdir=str(config.rootpath))
+    return got if got.rootdir else replace(got, rootdir=str(config.rootpath))  # local nodes see the test's tree
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
