@@ -21,7 +21,8 @@ a circle), which ``tests/test_layering.py`` checks:
    and what is on disk
 2. ssh, ssh.banner, ssh.config, ssh.keys, ssh.sshd, ssh.client, ssh.parallel, ssh.kube_dial,
    ssh.kube_credentials, ssh.kube_stream, ssh.kube_proxy, ssh.kube_forwarder
-3. backends.base, backends.netlink, backends.confine, backends.rootpath, backends.nodeinit_protocol, backends.nodeinit,
+3. backends.base, backends.netlink, backends.confine, backends.rootpath, backends.nodeinit_protocol, backends.nodelink,
+   backends.nodeinit,
    backends.fdpass, backends.gateway, backends.clusterns, backends.privileges, backends.netns,
    backends.netns.nodes, backends.netns.links, backends.netns.owners, backends.netns.cgroups,
    backends.netns.preflight, backends.netns.userns, backends.netns.output, backends.netns.reap,

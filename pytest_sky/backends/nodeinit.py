@@ -41,13 +41,13 @@ import sys
 from collections.abc import Callable
 
 try:
-    from pytest_sky.backends import confine, netlink
+    from pytest_sky.backends import confine, nodelink
     from pytest_sky.backends.nodeinit_protocol import Launch, NodePlan, Report, Stage, ViewStep
     from pytest_sky.backends.rootpath import within
 except ImportError:  # run as the program it is (python -S -I nodeinit.py): from its directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import confine  # type: ignore[import-not-found,no-redef]
-    import netlink  # type: ignore[import-not-found,no-redef]
+    import nodelink  # type: ignore[import-not-found,no-redef]
     from nodeinit_protocol import Launch, NodePlan, Report, Stage, ViewStep  # type: ignore[import-not-found,no-redef]
     from rootpath import within  # type: ignore[import-not-found,no-redef]
 
@@ -378,60 +378,6 @@ def _mounts(plan: NodePlan) -> None:
         bind(source, where)
 
 
-def _link(plan: NodePlan, host_netns: int, host_sock: socket.socket, own: socket.socket) -> None:
-    """The node's veth, made by the node itself (every node at once, none waiting for a host
-    step): ``eth0`` here with its MAC fixed by its IP, the peer in the host's namespace in
-    the cluster's link group, then put on the bridge and brought up from the host's side
-    (``host_sock`` was opened there, before the node had a namespace of its own)."""
-    peer = (
-        netlink.ifinfo()
-        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
-        + netlink.u32(netlink.IFLA_MTU, plan.mtu)
-        + netlink.u32(netlink.IFLA_NET_NS_FD, host_netns)
-    )
-    if plan.link_group:
-        peer += netlink.u32(netlink.IFLA_GROUP, plan.link_group)
-    info = netlink.string(netlink.IFLA_INFO_KIND, "veth") + netlink.attr(
-        netlink.IFLA_INFO_DATA, netlink.attr(netlink.VETH_INFO_PEER, peer)
-    )
-    eth0 = netlink.ifinfo() + netlink.string(netlink.IFLA_IFNAME, "eth0") + netlink.u32(netlink.IFLA_MTU, plan.mtu)
-    eth0 += netlink.attr(netlink.IFLA_ADDRESS, bytes.fromhex(plan.mac.replace(":", "")))
-    if plan.cluster_netns:  # a previous boot's, whose namespace the kernel has not ended yet
-        netlink.delete_link(host_sock, plan.veth)
-    netlink.request(
-        own,
-        f"create veth {plan.veth}",
-        netlink.RTM_NEWLINK,
-        netlink.NLM_F_CREATE | netlink.NLM_F_EXCL,
-        eth0 + netlink.attr(netlink.IFLA_LINKINFO, info),
-    )
-    host_end = (
-        netlink.ifinfo(up=True)
-        + netlink.string(netlink.IFLA_IFNAME, plan.veth)
-        + netlink.u32(netlink.IFLA_MASTER, plan.bridge_index)
-    )
-    netlink.request(
-        host_sock,
-        f"put {plan.veth} on its bridge",
-        netlink.RTM_NEWLINK,
-        0,
-        host_end + netlink.string(netlink.IFLA_IFALIAS, plan.alias),
-    )
-
-
-def _network(plan: NodePlan, own: socket.socket) -> None:
-    """``lo`` and ``eth0`` up, the node's address, the subnet's route with quickack (no
-    delayed ACKs between nodes) and the way out through the cluster's gateway: what ``ip``
-    would send, straight to the kernel."""
-    lo, eth0 = socket.if_nametoindex("lo"), socket.if_nametoindex("eth0")
-    netlink.request(own, "lo up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(lo, up=True))
-    netlink.request(own, "eth0 up", netlink.RTM_NEWLINK, 0, netlink.ifinfo(eth0, up=True))
-    netlink.add_address(own, eth0, plan.ip, plan.prefixlen)
-    netlink.subnet_route(own, plan.subnet, eth0, plan.ip)
-    if plan.gateway:
-        netlink.route(own, "0.0.0.0/0", eth0, via=plan.gateway)
-
-
 def _pivot(root: str) -> None:
     """Make ``root`` the node's ``/`` and let go of the host's."""
     os.chdir(root)
@@ -465,10 +411,10 @@ def _init(index: int, plan: NodePlan, host_netns: int, host_sock: socket.socket)
     _check(_libc.sethostname(name, len(name)), "sethostname")  # /proc/sys is root's, even in a user namespace
     _mounts(plan)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
-        _link(plan, host_netns, host_sock, own)
+        nodelink.make_link(plan, host_netns, host_sock, own)
         host_sock.close()
         os.close(host_netns)
-        _network(plan, own)
+        nodelink.configure(plan, own)
     confine.set_sysctls(plan.confinement.sysctls)  # the node's own namespaces' (still writable)
     root = f"{plan.layers}/merged" if plan.layers else ""
     if not plan.confinement.privileged:
