@@ -6,8 +6,13 @@
 #     scripts call it; nodes see this machine's files), shellcheck (tests/test_shell.py),
 #     tcpdump (tests/test_secrets.py reads what crosses a cluster's bridge), and Slurm with
 #     munge for the Slurm testbed (python -m slurm_testbed; no daemon is started)
-#   - a virtualenv in .venv with torch 2.13.0 (CPU) first, then this package, its test extras and
-#     NeMo (the [nemo] extra: the smoke suite trains a NeMo model across nodes on CPU)
+#   - a virtualenv in .venv (and nothing else outside the clone but pip's download cache): torch
+#     2.13.0 first, as pip's configuration finds it: on an ordinary x86-64 machine with pip's
+#     default index that is PyPI's CUDA build (several GB with its nvidia-* packages; the tests
+#     use its CPU side); where a CPU wheel is configured (find-links, PyTorch's CPU index) the
+#     CPU build; a torch that already imports is kept (docs/getting-started.md, "What the set-up
+#     installs"). Then this package, its test extras and NeMo (the [nemo] extra: the smoke
+#     suite trains a NeMo model across nodes on CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,10 +60,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
-  # The CPU wheel first: a plain `torch` requirement would pull a multi-GB CUDA build.
-  say "installing torch==2.13.0 (CPU)"
+  # First and alone, so that the extras below keep the build chosen here.
+  say "installing torch==2.13.0 (the build pip's configuration finds)"
   .venv/bin/python -m pip install -q torch==2.13.0
 fi
+# Which build that is, from its metadata (no import): the CUDA build requires nvidia-* packages.
+say "$(.venv/bin/python -c 'from importlib.metadata import requires, version
+cuda = any(r.startswith("nvidia-") for r in requires("torch") or [])
+print("torch", version("torch") + ": the", "CUDA" if cuda else "CPU", "build")')"
 say "installing pytest-sky, its test extras and NeMo"
 .venv/bin/python -m pip install -q -e '.[test,nemo]'
 # An editable install leaves this project's own modules uncompiled, and where the environment
