@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--peers] [--update-readme]``: measure, print, save, optionally publish.
+"""``python -m bench [--quick] [--peers] [--update-docs]``: measure, print, save, optionally publish.
 
 The benchmark keeps its cluster state in a private ``PYTEST_SKY_HOME`` (unless one is set)
 so it never mixes with the records of tests that other engineers run on this machine at the
@@ -27,10 +27,14 @@ if TYPE_CHECKING:  # imported for real only once PYTEST_SKY_HOME is settled (mai
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "latest.json"
-README = BENCH_DIR.parent / "README.md"
-#: The results the README's table was generated from, committed beside it (``results/`` is
-#: each run's own scratch and not kept): a later run can be compared with them figure by figure.
-PUBLISHED = BENCH_DIR / "README.json"
+#: The docs' performance page: its table and plot are this program's, never typed.
+PAGE = BENCH_DIR.parent / "docs" / "performance.md"
+DOCS_PLOT = PAGE.parent / "img" / "bringup.png"
+#: The page's link to the plot, relative to the page.
+PLOT_LINK = str(DOCS_PLOT.relative_to(PAGE.parent))
+#: The results the page's table was generated from, committed with it (``results/`` is each
+#: run's own scratch and not kept): a later run can be compared with them figure by figure.
+PUBLISHED = BENCH_DIR / "published.json"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -40,9 +44,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="fewer repetitions, clusters up to 8 nodes (< 30 s)")
     p.add_argument(
-        "--update-readme",
+        "--update-docs",
+        "--update-readme",  # its name while the table lived in the README
+        dest="update_docs",
         action="store_true",
-        help=f"write the results table into README.md between {report.README_START} and {report.README_END}",
+        help=(
+            f"write the results table (and the --peers plot) into {PAGE.relative_to(BENCH_DIR.parent)} between "
+            f"{report.PAGE_START} and {report.PAGE_END}, and the figures into {PUBLISHED.relative_to(BENCH_DIR.parent)}"
+        ),
+    )
+    p.add_argument(
+        "--republish",
+        action="store_true",
+        help=f"measure nothing: render the page's table again from {PUBLISHED.relative_to(BENCH_DIR.parent)}",
     )
     p.add_argument(
         "--peers",
@@ -52,8 +66,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             "bring-up vs a local Ray test cluster and torch multiprocessing spawn for N=2..32, a 2-rank "
             "gloo test vs PyTorch's MultiProcessTestCase, a 16-node hostname fan-out vs parallel-ssh and a "
             "paramiko thread pool, 20x10 concurrent ssh on the Kubernetes backend (API emulator); plots "
-            "bring-up vs N to bench/bringup.png. Peers are optional: pip install ray parallel-ssh "
-            "matplotlib expecttest; a missing one is reported in its row"
+            "bring-up vs N to bench/results/bringup.png (--update-docs publishes it). Peers are optional: "
+            "pip install ray parallel-ssh matplotlib expecttest; a missing one is reported in its row"
         ),
     )
     p.add_argument(
@@ -89,6 +103,9 @@ Steps = list[tuple[str, Callable[[], list[Figure]]]]
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.republish:
+        print(report.update_page(PAGE, published_block(report.load(PUBLISHED))))
+        return 0
     if os.geteuid() != 0:
         sys.stderr.write("bench: the local backend needs root (network namespaces): run it as root\n")
         return 2
@@ -199,7 +216,7 @@ def _report(
     errors: list[str],
     plot_line: str | None,
 ) -> None:
-    """The table on stdout, the results file, and with ``--update-readme`` the README's table."""
+    """The table on stdout, the results file, and with ``--update-docs`` the page's table and plot."""
     print(report.header(machine, mode))
     print()
     print(report.text_table(figures))
@@ -211,11 +228,26 @@ def _report(
         print(plot_line)
     report.write_json(RESULTS, machine, mode, duration, figures, errors)
     print(f"total {duration:.1f} s; results in {RESULTS.relative_to(BENCH_DIR.parent)}")
-    if args.update_readme:
+    if args.update_docs:
         from bench import peers
 
-        image = peers.PLOT_LINK if plot_line and plot_line.startswith("plot: wrote") else None
-        source = str(PUBLISHED.relative_to(BENCH_DIR.parent))
-        block = report.markdown(machine, mode, figures, image=image, source=source)
-        report.write_json(PUBLISHED, machine, mode, duration, figures, errors)
-        print(report.update_readme(README, block) + f"; its figures in {source}")
+        plotted = bool(plot_line and plot_line.startswith("plot: wrote"))
+        if plotted:
+            DOCS_PLOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(peers.PLOT, DOCS_PLOT)
+        report.write_json(PUBLISHED, machine, mode, duration, figures, errors, plotted=plotted)
+        block = published_block(report.load(PUBLISHED))
+        print(report.update_page(PAGE, block) + f"; its figures in {PUBLISHED.relative_to(BENCH_DIR.parent)}")
+
+
+def published_block(published: report.Published) -> str:
+    """The page's block, from the results file alone: a run's ``--update-docs`` and
+    ``--republish`` write the same block from the same file (tests/test_docs_site.py holds the
+    page to it)."""
+    return report.markdown(
+        published.machine,
+        published.mode,
+        published.figures,
+        image=PLOT_LINK if published.plotted else None,
+        source=str(PUBLISHED.relative_to(BENCH_DIR.parent)),
+    )

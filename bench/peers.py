@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     pass
 
 REPO = Path(__file__).resolve().parent.parent
-PLOT = Path(__file__).resolve().parent / "bringup.png"
-PLOT_LINK = "bench/bringup.png"
+#: Each run's plot, beside its results; ``--update-docs`` copies it to the docs (cli.DOCS_PLOT).
+PLOT = Path(__file__).resolve().parent / "results" / "bringup.png"
 GLOO_TINY = Path(__file__).resolve().parent / "gloo_tiny.py"
 INSTALL_HINT = "pip install ray parallel-ssh matplotlib expecttest"
 

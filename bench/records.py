@@ -1,7 +1,7 @@
 """The benchmark's records: one :class:`Figure` per printed row, plus the machine it ran on.
 
 Kept as plain dataclasses so the same objects feed the text table, the JSON file and the
-README table without any of them re-deriving ratios or verdicts on its own.
+docs' performance table without any of them re-deriving ratios or verdicts on its own.
 """
 
 from __future__ import annotations
