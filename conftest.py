@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+#: README.md's and docs/'s code blocks are tests too (tests/doc_examples.py says how each runs).
+pytest_plugins = ("tests.doc_examples",)
+
 # Keep this repository's runs away from a user's own ~/.pytest_sky, and give each run its
 # own state directory (xdist workers inherit the controller's, set here before they start).
 if "PYTEST_SKY_HOME" not in os.environ:

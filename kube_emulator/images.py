@@ -35,7 +35,7 @@ from pathlib import Path
 
 #: The repository name of the image ``examples/kubernetes/Dockerfile`` builds.
 READY_REPOSITORY = "pytest-sky-node"
-#: The tag the README and CI use for it.
+#: The tag the docs and CI use for it.
 READY_IMAGE = f"{READY_REPOSITORY}:torch2.13.0-cpu"
 SLIM_IMAGE = "python:3.11-slim-bookworm"
 SLIM_ALIASES = (SLIM_IMAGE, "python:3.11-slim")

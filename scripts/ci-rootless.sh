@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# CI's rootless stage: the multinode smoke suite as an ordinary user, set up exactly as the
-# README tells one (scripts/setup.sh has run as root already; the user runs it again, without
-# sudo, for a virtualenv of their own, then the smoke command). The user works on a copy of
+# CI's rootless stage: the multinode smoke suite as an ordinary user, set up exactly as
+# docs/getting-started.md ("Without root") tells one (scripts/setup.sh has run as root
+# already; the user runs it again, without sudo, for a virtualenv of their own, then the
+# smoke command). The user works on a copy of
 # this checkout's HEAD in their own home. A user this script created is removed afterwards,
 # with its home.
 set -euo pipefail

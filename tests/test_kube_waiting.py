@@ -23,7 +23,7 @@ pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
 from kube_emulator import Emulator
 from tests.contract import POD_NEVER_RUNS_ENDS_WITHIN_S
 
-FAST = POD_NEVER_RUNS_ENDS_WITHIN_S  # seconds from the fault to the launch's error (the README's row)
+FAST = POD_NEVER_RUNS_ENDS_WITHIN_S  # seconds from the fault to the launch's error (the docs' reliability row)
 
 
 @pytest.fixture(autouse=True)

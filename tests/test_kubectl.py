@@ -1,5 +1,5 @@
 """kubectl against the emulator: what a user runs while debugging a launch, and every kubectl
-command the README prints.
+command the docs print (docs/kubernetes.md).
 
 A real client holds the emulator to the real API's shape: discovery, HTTPS with the CA of the
 kubeconfig, the Tables ``get`` prints, the OpenAPI documents ``apply`` validates with, RBAC
@@ -164,7 +164,7 @@ def test_the_readme_can_i_questions_answer_from_the_shipped_role(emu: Emulator) 
 
 
 def test_applying_the_shipped_rbac_yaml_is_what_the_role_context_may_do(emu: Emulator) -> None:
-    """The README's ``kubectl apply -n NS -f examples/kubernetes/rbac.yaml``: the objects are
+    """The docs' ``kubectl apply -n NS -f examples/kubernetes/rbac.yaml``: the objects are
     created, validated against the server's OpenAPI, and the authorizer enforces them (the
     role context's user is the ServiceAccount the file binds, in ``default``)."""
     ns = "kubectl-rbac"

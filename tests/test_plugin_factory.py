@@ -19,7 +19,8 @@ from tests.plugin_helpers import RECORDER, assert_no_traceback, assert_nothing_l
 
 sky_home = test_plugin.sky_home  # autouse: a private state directory, a clean environment, cleanup
 
-#: The README's example, and three tests on its cluster; the last one fails after a run.
+#: The docs' example (docs/writing-tests.md, "Your own fixtures"), and three tests on its
+#: cluster; the last one fails after a run.
 MODULE = RECORDER + textwrap.dedent(
     """
     import pytest

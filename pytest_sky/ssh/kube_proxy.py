@@ -34,7 +34,7 @@ from pytest_sky.errors import RunError
 from pytest_sky.ssh import kube_credentials, kube_dial, kube_stream
 
 BANNER_TIMEOUT = kube_dial.BANNER_TIMEOUT
-#: The Role that grants every verb the backend uses (README "Kubernetes": RBAC).
+#: The Role that grants every verb the backend uses (docs/kubernetes.md, "The Role").
 RBAC_ROLE_FILE = "examples/kubernetes/rbac.yaml"
 _FORBIDDEN = re.compile(
     r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]+)" in API group "(?P<group>[^"]*)" '
