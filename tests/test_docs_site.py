@@ -1,15 +1,20 @@
 """The README and the documentation site hold together: a short README, links and anchors that
 resolve, reference tables that list what the code has, a benchmark table nobody typed.
 
-``mkdocs build --strict`` (in .ci/run) checks the site's own links once it is built; these
-tests check the same without building it, and the README too, which the site does not hold:
-a README link must work on a repository host that renders ``docs/*.md`` as they are (without
-the site's includes), a docs link on the site (with them).
+``mkdocs build --strict`` (in .ci/run, and here once, about a second) checks the site's own
+links once it is built; these tests also check them without building it, so that a failure
+names the page's line, and the README too, which the site does not hold: a README link must
+work on a repository host that renders ``docs/*.md`` as they are (without the site's
+includes), a docs link on the site (with them).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +180,43 @@ def test_the_link_reader_finds_what_is_broken(tmp_path: Path) -> None:
     assert broken(Link(README, 1, "docs/getting-started.md#install-in-your-own-project"), on_site=False)
     assert broken(Link(page, 1, "getting-started.md#install-in-your-own-project"), on_site=True) is None
     assert site_slug("Privileges: a node is a pod, not root") == host_slug("Privileges: a node is a pod, not root")
+
+
+# ----------------------------------------------------------------------------- the site's build
+
+
+def build_site(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict`` of ``root``'s mkdocs.yml, as .ci/run runs it (offline: the build
+    fetches nothing)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=root,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_ci_builds_the_site_strictly_and_it_builds(tmp_path: Path) -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^[^#\n]*mkdocs build --strict", ci, re.M), ".ci/run no longer builds the site"
+    built = build_site(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "site" / "getting-started" / "index.html").is_file()  # default directory URLs
+    design = (tmp_path / "site" / "design" / "index.html").read_text(encoding="utf-8")
+    assert "Performance targets" in design  # DESIGN.md, included
+
+
+def test_the_strict_build_fails_on_a_broken_anchor(tmp_path: Path) -> None:
+    for name in ("mkdocs.yml", "README.md", "DESIGN.md"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    shutil.copytree(DOCS, tmp_path / "docs")
+    faults = tmp_path / "docs" / "faults.md"
+    faults.write_text(faults.read_text(encoding="utf-8") + "\nSee [nowhere](cli.md#no-such-heading).\n")
+    built = build_site(tmp_path, tmp_path / "site")
+    assert built.returncode != 0
+    assert "no-such-heading" in built.stderr
 
 
 # ----------------------------------------------------------------------------- reference tables
