@@ -168,12 +168,17 @@ def test_headings_are_read_with_their_letters() -> None:
 
 # ------------------------------------------------------------ the tests the documents name
 
-#: ``tests/test_x.py`` or ``tests/test_x.py::test_y``, and in a table row's last cell (its
+#: ``tests/test_x.py`` or ``tests/test_x.py::test_y`` in the README, DESIGN.md or a page of
+#: the docs, and in a table row's last cell (its
 #: proof) a bare ``test_y`` in backticks (the security table names its tests so, under
 #: ``tests/test_security.py`` unless named; prose, and a claim's own words, name SkyPilot's
 #: tests so too).
 NAMED_TEST = re.compile(r"`?(?P<file>tests/test_\w+\.py)(?:::(?P<test>test_\w+))?")
 BARE_TEST = re.compile(r"`(?P<test>test_\w+)`")
+
+
+#: The documents whose tables pair each claim with the test that proves it.
+PROOF_PAGES = frozenset({"DESIGN.md", "docs/how-it-works.md", "docs/security.md"})
 
 
 def named_tests(text: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -192,9 +197,13 @@ def test_every_test_the_documents_name_exists() -> None:
     }
     every = set().union(*defined.values())
     missing = []
-    for doc in ("README.md", "DESIGN.md"):
-        with_file, bare = named_tests((ROOT / doc).read_text(encoding="utf-8"))
-        assert with_file, f"{doc} names no test: the scanner is broken"
+    pages = [ROOT / "README.md", ROOT / "DESIGN.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    for page in pages:
+        doc = str(page.relative_to(ROOT))
+        # An HTML comment is no claim: the docs' example markers name the reader's own files.
+        with_file, bare = named_tests(re.sub(r"<!--.*?-->", "", page.read_text(encoding="utf-8"), flags=re.S))
+        # The pages of the proof tables (reliability, security) and the design name tests.
+        assert with_file or doc not in PROOF_PAGES, f"{doc} names no test: the scanner is broken"
         for file, test in with_file:
             name = Path(file).name
             if name not in defined or (test and test not in defined[name]):
