@@ -90,7 +90,7 @@ def test_a_rank_is_a_job_step_of_the_allocation_with_skypilots_environment_and_i
             assert lines[0] == f"rank={rank.rank} gpus=2 cvd=0,1 nodes=2 ips={ips} host={host}"
             assert lines[1] == "step=none ntasks=none jobid=none"
             step = re.fullmatch(r"stepd=slurmstepd: \[(\d+)\.(\d+)\]", lines[2].strip())
-            assert step and int(step.group(2)) >= 1, lines  # its own step, not the sshd's (step 0)
+            assert step and int(step.group(2)) >= 2, lines  # its own: 0 and 1 are the sshd's and the keys'
         assert job.ranks[0].stdout.splitlines()[3:5] == [f"0: {cluster.node_names[0]}", f"1: {cluster.node_names[1]}"]
     finally:
         cluster.down()
@@ -306,8 +306,8 @@ def test_the_check_between_shared_tests_leaves_other_allocations_and_the_site_al
 
 def test_a_secret_reaches_every_rank_masked_and_a_worker_over_ssh_not_in_a_steps_environment(site) -> None:
     """srun hands a step's environment to the node's slurmd unencrypted: a run that holds a
-    secret starts its workers over the cluster's ssh instead, inside the allocation's sshd step
-    (step 0), and the value is masked in what the ranks print."""
+    secret starts its workers over the cluster's ssh instead, inside the allocation's sshd step,
+    and the value is masked in what the ranks print."""
     from pytest_sky import Task
 
     cluster = launch(num_nodes=2, name="secret", backend="slurm")
@@ -319,9 +319,16 @@ def test_a_secret_reaches_every_rank_masked_and_a_worker_over_ssh_not_in_a_steps
         steps = []
         for rank in res.ranks:
             assert rank.stdout.splitlines()[0] == "key=***"
-            found = re.search(r"stepd=slurmstepd: \[\d+\.(\d+)\]", rank.stdout)
+            found = re.search(r"stepd=slurmstepd: \[(\d+)\.(\d+)\]", rank.stdout)
             assert found, rank.stdout
-            steps.append(int(found.group(1)))
-        assert steps[0] >= 1 and steps[1] == 0  # the head's rank a step of its own; the worker's in sshd's
+            job, step = found.groups()
+            steps.append(step)
+        # The sshd step is the one step of the allocation still running once the run ended (the
+        # head's rank and the key delivery were steps that ended); its number is whichever srun
+        # reached slurmctld first, the batch script's or the delivery's.
+        running = site.ssh(f"squeue -h -s -j {job} -o %i")
+        assert running.returncode == 0, running.stderr
+        (sshd_step,) = [i.split(".")[1] for i in running.stdout.split() if i.split(".")[1].isdigit()]
+        assert steps[1] == sshd_step != steps[0]  # the head's rank a step of its own; the worker's in sshd's
     finally:
         cluster.down()
