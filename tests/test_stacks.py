@@ -86,7 +86,22 @@ def _start(started: list, tmp_path: Path, env: dict[str, str], script: str = SCR
     )  # fmt: skip
     started.append(proc)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    _wait_asleep(proc.pid)
     return proc
+
+
+def _wait_asleep(pid: int) -> None:
+    """The script prints "ready" a line before main's sleep: until the kernel says the main thread
+    sleeps, a dump may still show the print's line."""
+    deadline = time.monotonic() + 30
+    while _proc_text(f"/proc/{pid}/task/{pid}/wchan") != "hrtimer_nanosleep" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _proc_text(f"/proc/{pid}/task/{pid}/wchan") == "hrtimer_nanosleep"
+
+
+def _proc_text(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
 
 
 def test_an_armed_python_says_where_each_thread_waits_and_keeps_waiting(
