@@ -66,10 +66,15 @@ def connect(path):
     finally:
         s.close()
 import torch
+try:
+    import psky_view_extra  # where a .pth file of the virtualenv points, when the test made one
+    extra = psky_view_extra.__file__
+except ImportError:
+    extra = None
 names = [".ssh", ".kube", ".aws", ".config/gcloud", ".netrc", ".ssh/id_ed25519", ".kube/config",
          ".aws/credentials", ".config/gcloud/credentials.db"]
 print(json.dumps({
-    "prefix": sys.prefix, "base": sys.base_prefix, "torch": torch.__version__,
+    "prefix": sys.prefix, "base": sys.base_prefix, "torch": torch.__version__, "extra": extra,
     "home": sorted(os.listdir(home)), "seen": {n: look(os.path.join(home, n)) for n in names},
     "sockets": {p: connect(p) for p in sockets}, "in /tmp": sorted(os.listdir("/tmp")),
     "in /root": sorted(os.listdir("/root")) if os.access("/root", os.R_OK) else "unreadable",
@@ -201,7 +206,13 @@ def test_a_node_sees_no_credentials_nor_sockets_yet_the_interpreter_venv_and_roo
     subprocess.run([base, "-m", "venv", "--without-pip", str(home / ".venv")], check=True, timeout=120)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(home / ".venv")}))
     ours = sysconfig.get_path("purelib")
-    (site / "psky-test.pth").write_text(f"{REPO}\nimport site; site.addsitedir({ours!r})\n")
+    # And a directory of packages under /tmp that only a .pth file names, as an editable
+    # install's source tree: the node reads the same .pth and must find it, wherever the
+    # repository lives.
+    extra = tmp_path / "extra-site"
+    extra.mkdir()
+    (extra / "psky_view_extra.py").write_text("")
+    (site / "psky-test.pth").write_text(f"{REPO}\n{extra}\nimport site; site.addsitedir({ours!r})\n")
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")},
         "HOME": str(home),
@@ -221,6 +232,7 @@ def test_a_node_sees_no_credentials_nor_sockets_yet_the_interpreter_venv_and_roo
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["prefix"] == str(home / ".venv") and out["base"] == sys.base_prefix
     check_life(out, home, agent, __import__("torch").__version__)
+    assert {seen["extra"] for seen in out["a"] + out["b"]} == {str(extra / "psky_view_extra.py")}
     assert not processes_mentioning(str(tmp_path / "state"))
     assert (home / ".ssh" / "id_ed25519").read_text().startswith(CANARY)  # the host's untouched
 
@@ -267,7 +279,8 @@ def test_homes_and_scratch_directories_are_emptied_and_what_a_node_needs_kept(
         assert path in emptied, steps
     assert str(tmp_path) not in emptied and not any(e.startswith(str(home) + "/") for e in emptied), steps
     kept = [p for s, p in steps if s is ViewStep.KEEP]
-    assert kept == ([str(home / "src" / "proj")] + ([str(REPO)] if REPO.is_relative_to("/tmp") else [])), steps
+    expected = [str(home / "src" / "proj"), *([str(REPO)] if REPO.is_relative_to("/tmp") else [])]
+    assert sorted(kept) == sorted(expected), steps
 
     # The rootdir the home itself: the home is kept, and its credentials emptied after.
     steps = view.node_view([home])

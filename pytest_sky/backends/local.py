@@ -159,10 +159,13 @@ class LocalBackend(Backend):
     def _seen(self) -> list[str]:
         """What every node sees wherever it lives (``netns.view``): the interpreter pytest runs
         (``sys.prefix``, and ``sys.base_prefix``, a pyenv build under ``~/.pyenv`` say), its
-        virtualenv, the ``PYTHONPATH`` every node is given (:meth:`_forward_env`) and the
-        rootdir."""
+        virtualenv, its import path (what a ``.pth`` file adds: an editable install's source
+        tree, another environment's site-packages; the node's interpreter reads the same
+        ``.pth`` files and must find what they name), the ``PYTHONPATH`` every node is given
+        (:meth:`_forward_env`) and the rootdir."""
         path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        return [p for p in (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV"), *path, self.rootdir) if p]
+        seen = (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV"), *sys.path, *path, self.rootdir)
+        return [p for p in seen if p]
 
     @property
     def rootless(self) -> bool:
