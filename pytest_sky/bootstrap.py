@@ -371,6 +371,29 @@ def remove_if_stale(path: str) -> bool:
     return True
 
 
+#: How long after its bind a socket of ours that refuses connections is dead to the reaper's
+#: machine-wide sweep: ssh and the forwarder listen microseconds after they bind, so one still
+#: refusing this long after is a socket whose process was killed.
+DEAD_SOCKET_AGE = 30.0
+
+
+def remove_dead_sockets(min_age: float = DEAD_SOCKET_AGE) -> list[str]:
+    """Remove this user's sockets of ours that nothing answers, bound ``min_age`` seconds ago
+    or more: left by a master or forwarder killed with a run whose state directory went too
+    (a CI runner's, a test's), which no cluster's record names any more.  Returns them."""
+    import time
+
+    removed = []
+    for path in stale_control_sockets():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.getuid() and time.time() - st.st_mtime >= min_age and remove_if_stale(path):
+            removed.append(path)
+    return removed
+
+
 def stale_control_sockets() -> list[str]:
     """Sockets of ours (``/tmp/psky-*``: ControlPath masters, Kubernetes forwarders) that
     nothing answers on any more."""

@@ -240,10 +240,12 @@ def reap_strays(store: StateStore) -> list[str]:
     """Remove what no record owns: files a killed process was deleting, local nodes, links
     and cgroups of this state directory's clusters that lost their record (the directory
     deleted while they ran, say), and, machine-wide, bridges of ours whose owner is gone
-    (whichever state directory or emulator it was: ``LocalBackend.reap_stray_links``); what
-    went, as the reaper's report names it."""
+    (whichever state directory or emulator it was: ``LocalBackend.reap_stray_links``) and
+    this user's sockets that nothing answers (``bootstrap.remove_dead_sockets``); what went,
+    as the reaper's report names it (a dead socket is nothing a user needs named)."""
     for path in store.stale_trash():  # a process killed while it deleted a cluster's files
         shutil.rmtree(path, ignore_errors=True)
+    bootstrap.remove_dead_sockets()
     from pytest_sky.backends.local import LocalBackend
 
     try:

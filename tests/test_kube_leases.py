@@ -28,8 +28,11 @@ from pathlib import Path
 import pytest
 
 import pytest_sky
+from pytest_sky import bootstrap
 from pytest_sky.backends import kube_manifests as manifests
+from pytest_sky.backends.kube_journal import KubeRecord
 from pytest_sky.backends.kubernetes import KubernetesBackend
+from pytest_sky.state import Journal
 
 pytest.importorskip("kubernetes", reason="pip install kubernetes")
 pytest.importorskip("aiohttp", reason="the emulator needs aiohttp")
@@ -110,6 +113,12 @@ def _vanish(tmp_path: Path, emu: Emulator, label: str, **settings: str) -> str:
     finally:
         os.killpg(session.pid, signal.SIGKILL)  # the runner and its ssh masters, at once
         session.wait()
+    # Its /tmp goes with the VM: the sockets its journal names (its forwarder's, which died
+    # with it), as this machine's reaper would remove them only once they are old.
+    for journal in home.glob("clusters/*/backend.json"):
+        forwarder = KubeRecord.load(Journal(journal)).forwarder
+        if forwarder is not None:
+            assert bootstrap.remove_if_stale(forwarder.socket) or not os.path.exists(forwarder.socket)
     shutil.rmtree(home)
     return mark.read_text()
 

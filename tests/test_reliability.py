@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -120,9 +121,7 @@ def test_xdist_worker_crash_is_cleaned_up_by_the_next_run(pytester: pytest.Pytes
     left = [json.loads(p.read_text())["name"] for p in (home / "clusters").glob("*/record.json")]
     assert all("crash" in name for name in left)
     # The next run that asks for a cluster reaps it first (one that asks for none touches nothing).
-    pytester.makepyfile(
-        test_second="import pytest\n\n@pytest.mark.multinode\ndef test_asks(sky_cluster):\n    pass\n"
-    )
+    pytester.makepyfile(test_second="import pytest\n\n@pytest.mark.multinode\ndef test_asks(sky_cluster):\n    pass\n")
     again = pytester.runpytest_subprocess("test_second.py", "-p", "no:cacheprovider")
     if left:
         again.stdout.fnmatch_lines([f"*reaped 1 cluster(s) left by a killed run: {left[0]}*"])
@@ -180,6 +179,46 @@ def test_a_job_that_ended_while_its_dead_agent_was_looked_for_keeps_its_own_erro
 
     (job_dir / "status.json").write_text(JobRecord(id=7, status=JobStatus.RUNNING, pid=999999).encode())
     assert records.died(str(job_dir)).error == "the job's agent died"
+
+
+def test_the_reaper_removes_this_users_dead_sockets_that_no_record_names(tmp_path: Path) -> None:
+    """A run SIGKILLed with its state directory deleted (a CI job's, a test's) leaves its
+    masters' and forwarder's sockets in /tmp with no record naming them: any later run's reaper
+    removes those nothing answers, once they are older than a bind's instant; never a fresh
+    one (bound, not yet listening), one that answers, nor another user's."""
+    import secrets
+    import socket
+
+    from pytest_sky import bootstrap
+    from pytest_sky.lifecycle import reap_strays
+    from pytest_sky.state import StateStore
+
+    prefix = f"{bootstrap.CONTROL_DIR}/psky-test{secrets.token_hex(4)}"
+    old_dead, fresh_dead, old_live, others = (f"{prefix}-{n}" for n in ("old", "fresh", "live", "others"))
+    then = time.time() - bootstrap.DEAD_SOCKET_AGE - 1
+    with contextlib.ExitStack() as stack:
+        paths = (old_dead, fresh_dead, old_live, others)
+        socks = {p: stack.enter_context(socket.socket(socket.AF_UNIX)) for p in paths}
+        for path, sock in socks.items():
+            sock.bind(path)
+        socks[old_live].listen()
+        for path in (old_dead, fresh_dead, others):
+            socks[path].close()  # what a SIGKILLed master or forwarder leaves
+        for path in (old_dead, old_live, others):
+            os.utime(path, (then, then))
+        if os.geteuid() == 0:
+            os.chown(others, 65534, 65534)
+        else:
+            os.unlink(others)  # an ordinary user cannot give one away
+        try:
+            reap_strays(StateStore(tmp_path / "state"))
+            assert not os.path.exists(old_dead)
+            assert os.path.exists(fresh_dead) and os.path.exists(old_live)
+            assert os.path.exists(others) == (os.geteuid() == 0)
+        finally:
+            for path in socks:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 def test_a_killed_masters_control_socket_is_reported_and_teardown_removes_it(tmp_path: Path) -> None:
