@@ -1,4 +1,5 @@
-"""Repository-wide test settings: a private state directory and a leak check at the end.
+"""Repository-wide test settings: a private state directory (a killed run's removed by the
+next run), and a leak check at the end.
 
 The leak check is what the before-stop hook checks, made part of every run: after the
 session, no namespace node, link or sshd of this run may remain on this machine.  Another
@@ -23,8 +24,39 @@ pytest_plugins = ("tests.doc_examples",)
 
 # Keep this repository's runs away from a user's own ~/.pytest_sky, and give each run its
 # own state directory (xdist workers inherit the controller's, set here before they start).
+_HOME_PREFIX = "pytest-sky-tests-"
+#: In a run's own state directory: "<pid> <start time>" of the run, so that a later run can
+#: tell the directory of one that was killed (it kept no promise to remove it).
+_OWNER_FILE = "tests-owner"
+
+
+def _sweep_killed_runs() -> None:
+    """The state directories of this user's runs that were killed (SIGKILL, a CI timeout):
+    what they left is reaped as a killed run's clusters are, then the directory goes."""
+    from pytest_sky import procs
+
+    for home in Path(tempfile.gettempdir()).glob(_HOME_PREFIX + "*"):
+        try:
+            if home.stat().st_uid != os.getuid():
+                continue
+            pid, start = (int(word) for word in (home / _OWNER_FILE).read_text().split())
+        except (OSError, ValueError):
+            continue  # another user's, or a run that has not written its owner yet
+        if procs.is_alive(pid, start):
+            continue
+        from pytest_sky.lifecycle import reap
+        from pytest_sky.state import StateStore
+
+        reap(StateStore(home))
+        shutil.rmtree(home, ignore_errors=True)
+
+
 if "PYTEST_SKY_HOME" not in os.environ:
-    os.environ["PYTEST_SKY_HOME"] = _OWN_HOME = tempfile.mkdtemp(prefix="pytest-sky-tests-")
+    _sweep_killed_runs()
+    os.environ["PYTEST_SKY_HOME"] = _OWN_HOME = tempfile.mkdtemp(prefix=_HOME_PREFIX)
+    from pytest_sky.procs import start_time
+
+    Path(_OWN_HOME, _OWNER_FILE).write_text(f"{os.getpid()} {start_time(os.getpid())}\n")
 else:
     _OWN_HOME = ""
 

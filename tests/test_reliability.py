@@ -250,3 +250,37 @@ def test_a_killed_masters_control_socket_is_reported_and_teardown_removes_it(tmp
             for path in (dead, live):
                 if os.path.exists(path):
                     os.unlink(path)
+
+
+def test_a_killed_test_runs_state_directory_goes_with_the_next_run(tmp_path: Path) -> None:
+    """This repository's runs each make a state directory of their own (conftest.py), which a
+    SIGKILLed run cannot remove: the next run reaps what it left and removes it; never that
+    of a run still going, nor a directory without an owner it can read."""
+    import tempfile
+
+    from pytest_sky.procs import start_time
+
+    repo = Path(__file__).resolve().parent.parent
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    identity = f"{killed.pid} {start_time(killed.pid)}\n"
+    killed.kill()
+    killed.wait()
+    dead, alive, unknown = (Path(tempfile.mkdtemp(prefix=f"pytest-sky-tests-{n}-")) for n in ("x", "y", "z"))
+    try:
+        (dead / "tests-owner").write_text(identity)
+        (dead / "clusters").mkdir()
+        (alive / "tests-owner").write_text(f"{os.getpid()} {start_time(os.getpid())}\n")
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_SKY_HOME"}
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/test_naming.py"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert not dead.exists() and alive.exists() and unknown.exists()
+    finally:
+        for path in (dead, alive, unknown):
+            shutil.rmtree(path, ignore_errors=True)
