@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 def _acquire(path: str | os.PathLike, exclusive: bool) -> int:
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # A directory is locked as it is (flock takes one): a lock that leaves no file behind.
+    flags = os.O_RDONLY | os.O_DIRECTORY if os.path.isdir(path) else os.O_RDWR | os.O_CREAT
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
     except BaseException:
@@ -30,8 +32,8 @@ def _acquire(path: str | os.PathLike, exclusive: bool) -> int:
 
 @contextmanager
 def flocked(path: str | os.PathLike, *, exclusive: bool = True) -> Iterator[None]:
-    """Hold ``path``'s lock (made if missing) for the block: exclusive, or shared with other
-    shared holders."""
+    """Hold ``path``'s lock (a file, made if missing, or a directory) for the block: exclusive,
+    or shared with other shared holders."""
     fd = _acquire(path, exclusive)
     try:
         yield

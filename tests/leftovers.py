@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,5 +50,5 @@ def host_settings_lock() -> Iterator[None]:
     """Held by a test that changes the host's forwarding for a while (as a Docker host has
     it) and by one that checks nothing of ours changes it: under xdist they would see each
     other's change."""
-    with flocked(Path(tempfile.gettempdir()) / "pytest-sky-tests-host-settings.lock"):
+    with flocked(Path(__file__).parent):  # a directory's own lock: no lock file is left behind
         yield
