@@ -46,7 +46,6 @@ from kube_emulator.termination import Termination
 log = logging.getLogger(__name__)
 
 
-
 class Kubelet:
     """Runs the pods the scheduler bound, on one bridge for the whole emulated cluster.
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class Cluster:
     """A running cluster.  ``run`` executes on every rank; ``down`` removes it."""
 

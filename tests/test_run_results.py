@@ -53,9 +53,7 @@ def test_a_rank_that_writes_much_to_both_streams_keeps_each_streams_order(fresh:
 def test_check_raises_naming_the_rank_and_its_last_lines(fresh: pytest_sky.Cluster) -> None:
     assert fresh.run("exit 3").returncode == 3  # without check: the result, as before
     with pytest.raises(RunError) as caught:  # RunFailedError is a RunError
-        fresh.run(
-            "echo fine; [ $SKYPILOT_NODE_RANK = 1 ] || exit 0; echo step-one; echo boom >&2; exit 3", check=True
-        )
+        fresh.run("echo fine; [ $SKYPILOT_NODE_RANK = 1 ] || exit 0; echo step-one; echo boom >&2; exit 3", check=True)
     exc = caught.value
     assert isinstance(exc, RunFailedError)
     assert exc.result.returncode != 0 and exc.result.ranks[1].returncode == 3

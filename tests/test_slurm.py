@@ -246,7 +246,7 @@ def test_an_ordinary_users_cluster_keeps_to_its_own_files_and_reaches_its_worker
     cluster = launch(num_nodes=2, name="plain", backend="slurm")
     try:
         res = cluster.run(
-            'echo "$(id -un) $HOME"; ls -A /home/' + ORDINARY_USER + ' | paste -sd,\n'
+            'echo "$(id -un) $HOME"; ls -A /home/' + ORDINARY_USER + " | paste -sd,\n"
             'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then\n'
             '  ssh "$(echo "$SKYPILOT_NODE_IPS" | tail -1)" "hostname; pwd; echo x >written; ls -A /home/'
             + ORDINARY_USER

@@ -277,9 +277,7 @@ class Rank:
             # as it runs a worker's (its supervisor's bash would cost the rank ~3 processes),
             # over the head's loopback.  Should it not answer, the rank's supervisor runs here
             # (it makes its own cgroup).
-            self.proc = remote.Remote(
-                node, program, door, lambda: supervised_here(program, "", capture_stderr=True)
-            )
+            self.proc = remote.Remote(node, program, door, lambda: supervised_here(program, "", capture_stderr=True))
         elif self.rank == 0:
             self.cgroup = head_cgroup()
             self.proc = supervised_here(program, self.cgroup, capture_stderr=False)

@@ -153,9 +153,7 @@ class SlurmBackend(Backend):
 
         shared = self.shared_dir if config.shared_dir else None
         batch = slurm_steps.batch_script(record.node_dir, shared, self.ready_timeout)
-        return submit(
-            self.login(), config.name, batch, record.node_dir, files, options, self.ready_timeout, on_job
-        )
+        return submit(self.login(), config.name, batch, record.node_dir, files, options, self.ready_timeout, on_job)
 
     def _cluster_info(self, config: ProvisionConfig, record: SlurmRecord, alloc: Allocation) -> ClusterInfo:
         """Rank i is Slurm's node i; the head through the login node, workers through it."""
@@ -261,9 +259,7 @@ class SlurmBackend(Backend):
         raise NotSupportedError(f"the slurm backend cannot kill a node: a Slurm node is the site's; {_NOT_HERE}")
 
     def restart_node(self, name: str, journal: Journal, info: ClusterInfo, rank: int, wipe: bool) -> ClusterInfo:
-        raise NotSupportedError(
-            f"the slurm backend cannot restart a node: a Slurm node is the site's; {_NOT_HERE}"
-        )
+        raise NotSupportedError(f"the slurm backend cannot restart a node: a Slurm node is the site's; {_NOT_HERE}")
 
     def set_network_faults(self, name: str, journal: Journal, info: ClusterInfo, faults: NetworkFaults) -> None:
         if faults:

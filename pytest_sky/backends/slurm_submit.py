@@ -46,8 +46,7 @@ class Allocation:
 
     def nodes(self) -> list[SlurmNode]:
         return [
-            SlurmNode(rank, name, self.addrs.get(name, name), port)
-            for rank, (name, port) in sorted(self.ports.items())
+            SlurmNode(rank, name, self.addrs.get(name, name), port) for rank, (name, port) in sorted(self.ports.items())
         ]
 
     def take(self, line: str, cluster: str, on_job: Callable[[str], None]) -> None:

@@ -97,7 +97,8 @@ def script(name: str) -> str:
     the file system elsewhere: ``importlib.resources`` would do the same at the cost of
     importing ``pathlib`` and ``zipfile`` on every run of the agent."""
     text = __loader__.get_data(  # type: ignore[name-defined]
-        os.path.join(os.path.dirname(__file__), name)).decode()
+        os.path.join(os.path.dirname(__file__), name)
+    ).decode()
     return _without_header(text)
 
 
