@@ -288,6 +288,24 @@ def test_homes_and_scratch_directories_are_emptied_and_what_a_node_needs_kept(
     assert (ViewStep.EMPTY, str(home / ".netrc")) in steps
 
 
+def test_a_node_keeps_what_the_import_path_names_but_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a ``.pth`` file put on the launching interpreter's import path (an editable
+    install's source) is kept; the directory pytest was started from, which ``python -m``
+    puts first, is not: started from a home, the whole home would show."""
+    from pytest_sky.backends.local import LocalBackend
+
+    source, started_in = tmp_path / "src", tmp_path / "home"
+    source.mkdir()
+    started_in.mkdir()
+    monkeypatch.chdir(started_in)
+    monkeypatch.syspath_prepend(str(started_in))
+    monkeypatch.syspath_prepend(str(source))
+    seen = LocalBackend(rootdir=str(REPO))._seen()
+    assert str(source) in seen and str(started_in) not in seen
+
+
 def test_a_system_accounts_home_is_never_emptied(monkeypatch: pytest.MonkeyPatch) -> None:
     """A daemon's "home" is ``/bin``, ``/usr/sbin`` or ``/``: emptying it would empty the
     system; only a home two levels down or more is a person's."""

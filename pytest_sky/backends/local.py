@@ -162,9 +162,13 @@ class LocalBackend(Backend):
         virtualenv, its import path (what a ``.pth`` file adds: an editable install's source
         tree, another environment's site-packages; the node's interpreter reads the same
         ``.pth`` files and must find what they name), the ``PYTHONPATH`` every node is given
-        (:meth:`_forward_env`) and the rootdir."""
+        (:meth:`_forward_env`) and the rootdir.  Not the working directory that ``python -m``
+        puts first on the import path: a node runs in its own home, and where pytest was
+        started from a home that home would show whole."""
         path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        seen = (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV"), *sys.path, *path, self.rootdir)
+        cwd = os.path.realpath(os.getcwd())
+        imports = [p for p in sys.path if p and os.path.realpath(p) != cwd]
+        seen = (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV"), *imports, *path, self.rootdir)
         return [p for p in seen if p]
 
     @property
