@@ -377,21 +377,21 @@ def remove_if_stale(path: str) -> bool:
 DEAD_SOCKET_AGE = 30.0
 
 
-def remove_dead_sockets(min_age: float = DEAD_SOCKET_AGE) -> list[str]:
+def remove_dead_sockets(min_age: float = DEAD_SOCKET_AGE) -> None:
     """Remove this user's sockets of ours that nothing answers, bound ``min_age`` seconds ago
     or more: left by a master or forwarder killed with a run whose state directory went too
-    (a CI runner's, a test's), which no cluster's record names any more.  Returns them."""
+    (a CI runner's, a test's), which no cluster's record names any more.  Only those old
+    enough and this user's are probed, once each."""
+    import glob
     import time
 
-    removed = []
-    for path in stale_control_sockets():
+    for path in glob.glob(f"{CONTROL_DIR}/psky-*"):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        if st.st_uid == os.getuid() and time.time() - st.st_mtime >= min_age and remove_if_stale(path):
-            removed.append(path)
-    return removed
+        if st.st_uid == os.getuid() and time.time() - st.st_mtime >= min_age:
+            remove_if_stale(path)
 
 
 def stale_control_sockets() -> list[str]:
