@@ -77,11 +77,13 @@ def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
                 stream.close()
 
 
-def _start(started: list, tmp_path: Path, env: dict[str, str], script: str = SCRIPT) -> subprocess.Popen[str]:
+def _start(
+    started: list, tmp_path: Path, env: dict[str, str], script: str = SCRIPT, args: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     path = tmp_path / "hang.py"
     path.write_text(script)
     proc = subprocess.Popen(
-        [sys.executable, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(path), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
     started.append(proc)
@@ -228,14 +230,7 @@ def test_a_secrets_value_is_masked_wherever_the_capture_would_show_it(
     canary = "canary-" + os.urandom(6).hex()
     token = _token()
     script = SCRIPT.replace("    time.sleep(600)\n\nmain()", f"    time.sleep(600)  # {canary}\n\nmain()")
-    path = tmp_path / "hang.py"
-    path.write_text(script)
-    proc = subprocess.Popen(
-        [sys.executable, str(path), f"--token={canary}"], env=_env(site_dir, token, API_TOKEN=canary),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    started.append(proc)
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    _start(started, tmp_path, _env(site_dir, token, API_TOKEN=canary), script, (f"--token={canary}",))
     answer, values = stacks.snapshot(0, [token], stacks.Secrets({"secrets": ["API_TOKEN"]}))
     assert values == [canary]  # for the head's use only: never in an answer
     assert canary not in repr(answer)
